@@ -1,0 +1,25 @@
+"""hfspec: exact speculative decoding for Hugging Face causal LMs."""
+
+from hfspec.errors import HfspecError
+from hfspec.hf import SpeculativeOutput, generate, plain_generate, speculative_generate
+from hfspec.stats import SpecStats, estimated_speedup, expected_tokens_per_pass, optimal_gamma
+
+__all__ = [
+    "HfspecError",
+    "SpecStats",
+    "SpeculativeOutput",
+    "estimated_speedup",
+    "expected_tokens_per_pass",
+    "generate",
+    "make_draft",
+    "optimal_gamma",
+    "plain_generate",
+    "speculative_generate",
+]
+
+
+def make_draft(target, spec, **options):
+    """Build a draft for `target`: "rtn4", "rtn3-g64", "bnb-int8", a sibling folder / hub id, or a model."""
+    from hfspec.drafts import make_draft as _make_draft
+
+    return _make_draft(target, spec, **options)

@@ -1,0 +1,65 @@
+"""The one place that talks to Hugging Face's KV-cache API.
+
+Its names and semantics moved between transformers releases (`past_key_values` became `cache`;
+`crop` took a length to keep, now only a negative count to remove). Everything else in hfspec calls these.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+from transformers import DynamicCache
+
+
+@functools.cache
+def _forward_params(model_cls: type) -> frozenset[str]:
+    return frozenset(inspect.signature(model_cls.forward).parameters)
+
+
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """Name of the keyword that passes a cache into `model.forward`."""
+    params = _forward_params(type(model))
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def accepts(model: torch.nn.Module, name: str) -> bool:
+    """Whether `model.forward` takes the keyword `name`."""
+    params = _forward_params(type(model))
+    return name in params
+
+
+def new_cache(model: torch.nn.Module) -> DynamicCache:
+    """An empty dynamic cache for `model`."""
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:  # older transformers
+        return DynamicCache()
+
+
+def cache_of(outputs) -> DynamicCache:
+    """The cache a forward pass returned."""
+    cache = getattr(outputs, "cache", None)
+    return cache if cache is not None else outputs.past_key_values
+
+
+def seq_length(cache) -> int:
+    """Number of positions held in the cache."""
+    return 0 if cache is None else int(cache.get_seq_length())
+
+
+def crop_to(cache, length: int) -> None:
+    """Drop cached positions beyond `length` (in place).
+
+    A negative argument to `crop` removes that many positions in every transformers release (older ones read a
+    positive argument as the length to keep, 5.x refuses it), so only the negative form is used.
+    """
+    current = seq_length(cache)
+    if length < current:
+        cache.crop(-(current - length))
+
+
+def select_rows(cache, rows: torch.Tensor) -> None:
+    """Keep only the batch rows `rows` (in place)."""
+    cache.batch_select_indices(rows)

@@ -1,0 +1,60 @@
+"""How many tokens the draft proposes each round: a fixed γ, or chosen from live α and c.
+
+The choice for a round is made before the target sees that round, so it cannot bias the output.
+"""
+
+from __future__ import annotations
+
+from hfspec.stats import optimal_gamma
+
+
+class FixedGamma:
+    """The same γ every round."""
+
+    def __init__(self, gamma: int):
+        self.gamma = gamma
+        self.label: int | str = gamma
+
+    def next(self) -> int:
+        return self.gamma
+
+    def update(self, gamma: int, accepted: int, checked: int, draft_seconds: float, target_seconds: float) -> None:
+        """Fixed: nothing to learn."""
+
+
+class AdaptiveGamma:
+    """Picks argmax_γ (1 − α^(γ+1)) / ((1 − α)(γc + 1)) from decayed estimates of α and c.
+
+    α: accepted / checked over recent rounds (exponential decay, with a weak prior of α = 0.5).
+    c: mean draft forward time / mean target forward time over recent rounds, starting from the bytes ratio.
+    """
+
+    def __init__(self, gamma_max: int = 16, c_prior: float = 0.2, decay: float = 0.9, start: int = 4):
+        self.gamma_max = gamma_max
+        self.decay = decay
+        self.label = "auto"
+        self._accepted, self._checked = 1.0, 2.0
+        self._c = c_prior if c_prior > 0 else 0.2
+        self._gamma = min(start, gamma_max)
+        self._rounds = 0
+
+    @property
+    def alpha(self) -> float:
+        return self._accepted / self._checked
+
+    @property
+    def c(self) -> float:
+        return self._c
+
+    def next(self) -> int:
+        return self._gamma
+
+    def update(self, gamma: int, accepted: int, checked: int, draft_seconds: float, target_seconds: float) -> None:
+        """Learn from one round (its γ, accepted/checked counts, per-forward times) and choose the next γ."""
+        self._rounds += 1
+        self._accepted = self.decay * self._accepted + accepted
+        self._checked = self.decay * self._checked + checked
+        if self._rounds > 1 and gamma > 0 and draft_seconds > 0 and target_seconds > 0:
+            measured = draft_seconds / target_seconds
+            self._c = 0.8 * self._c + 0.2 * measured
+        self._gamma = optimal_gamma(min(self.alpha, 0.999), self._c, self.gamma_max)

@@ -1,0 +1,62 @@
+"""Turn logits into the distributions p and q with the processing the user asked for.
+
+Both models' logits go through the same `LogitsProcessorList` (temperature, top-k, top-p, min-p,
+repetition penalty, anything `generate` prepared), each position seeing its own token history.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import LogitsProcessorList
+from transformers.generation import logits_process as lp
+
+from hfspec.sampling import scores_to_probs
+
+# Warpers whose output depends only on the scores, never on the token history: safe to apply to many
+# positions in one call.
+_POSITION_FREE = tuple(
+    getattr(lp, name)
+    for name in ("TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper",
+                 "TypicalLogitsWarper", "EpsilonLogitsWarper", "EtaLogitsWarper")
+    if hasattr(lp, name)
+)
+
+
+class Scorer:
+    """Processes [B, k, V] logits that follow a [B, L] context into probabilities."""
+
+    def __init__(self, processors: LogitsProcessorList | None, do_sample: bool, vocab_size: int):
+        self.processors = processors if processors is not None else LogitsProcessorList()
+        self.do_sample = do_sample
+        self.vocab_size = vocab_size
+        self.needs_history = any(not isinstance(proc, _POSITION_FREE) for proc in self.processors)
+
+    def probs(self, context: torch.Tensor | None, extra: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """Distributions for positions following `context + extra[:, :j]`, j = 0..k-1.
+
+        context: [B, L] token history (only read when a processor needs it), extra: [B, ≥k-1] tokens,
+        logits: [B, k, V'] raw logits (V' may differ from the target's V: padded or cut to V).
+        """
+        logits = fit_vocab(logits.float(), self.vocab_size)
+        batch, k, vocab = logits.shape
+        if not self.processors:
+            scores = logits
+        elif not self.needs_history:
+            scores = self.processors(context, logits.reshape(batch * k, vocab)).reshape(batch, k, vocab)
+        else:
+            scores = torch.stack(
+                [self.processors(torch.cat([context, extra[:, :j]], dim=1), logits[:, j]) for j in range(k)],
+                dim=1,
+            )
+        return scores_to_probs(scores, self.do_sample)
+
+
+def fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Cut or pad (with −inf) the last dimension to the target's vocabulary: extra draft rows are never drawn."""
+    width = logits.shape[-1]
+    if width == vocab_size:
+        return logits
+    if width > vocab_size:
+        return logits[..., :vocab_size]
+    pad = logits.new_full((*logits.shape[:-1], vocab_size - width), -float("inf"))
+    return torch.cat([logits, pad], dim=-1)

@@ -1,0 +1,147 @@
+"""Statistics of a speculative run, as data, and the paper's formulas (Leviathan et al. 2023, §3)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+def expected_tokens_per_pass(alpha: float, gamma: int) -> float:
+    """E[tokens per target pass] = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, Eq. 1)."""
+    if alpha >= 1.0:
+        return float(gamma + 1)
+    return (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+def estimated_speedup(alpha: float, gamma: int, c: float) -> float:
+    """Expected wall-time improvement (1 − α^(γ+1)) / ((1 − α)(γc + 1)) (Leviathan et al. 2023, Thm 3.8)."""
+    return expected_tokens_per_pass(alpha, gamma) / (1 + gamma * c)
+
+
+def optimal_gamma(alpha: float, c: float, gamma_max: int = 16) -> int:
+    """The γ in [1, γ_max] with the largest estimated speed-up (found numerically, as the paper does)."""
+    return max(range(1, gamma_max + 1), key=lambda g: (estimated_speedup(alpha, g, c), -g))
+
+
+@dataclass
+class SpecStats:
+    """Counts and timings of one run. Proposed tokens after a rejection are discarded unchecked."""
+
+    gamma: int | str = 0
+    batch_size: int = 1
+    target_passes: int = 0
+    row_passes: int = 0
+    draft_forwards: int = 0
+    proposed: int = 0
+    checked: int = 0
+    accepted: int = 0
+    new_tokens: int = 0
+    accepted_by_position: list[int] = field(default_factory=list)
+    checked_by_position: list[int] = field(default_factory=list)
+    accepted_length_hist: list[int] = field(default_factory=list)
+    gamma_per_round: list[int] = field(default_factory=list)
+    new_tokens_per_row: list[int] = field(default_factory=list)
+    accepted_per_row: list[int] = field(default_factory=list)
+    checked_per_row: list[int] = field(default_factory=list)
+    positions_fed_target: int = 0
+    positions_fed_draft: int = 0
+    time_draft: float = 0.0
+    time_target: float = 0.0
+    time_total: float = 0.0
+    draft_bytes: int = 0
+    target_bytes: int = 0
+    stopped: bool = False
+
+    def record_round(self, gamma: int, accepted: list[int], checked: list[int], committed: list[int]) -> None:
+        """Add one target pass: per row, draft tokens accepted and checked, and tokens committed."""
+        self.target_passes += 1
+        self.row_passes += len(accepted)
+        self.gamma_per_round.append(gamma)
+        if not self.new_tokens_per_row:
+            self.new_tokens_per_row = [0] * len(accepted)
+            self.accepted_per_row = [0] * len(accepted)
+            self.checked_per_row = [0] * len(accepted)
+        _grow(self.accepted_by_position, gamma)
+        _grow(self.checked_by_position, gamma)
+        _grow(self.accepted_length_hist, gamma + 1)
+        for row, (n, k, m) in enumerate(zip(accepted, checked, committed, strict=True)):
+            self.proposed += gamma
+            self.checked += k
+            self.accepted += n
+            self.new_tokens += m
+            self.new_tokens_per_row[row] += m
+            self.accepted_per_row[row] += n
+            self.checked_per_row[row] += k
+            self.accepted_length_hist[n] += 1
+            for i in range(k):
+                self.checked_by_position[i] += 1
+                self.accepted_by_position[i] += int(i < n)
+
+    @property
+    def alpha(self) -> float:
+        """Acceptance rate α = accepted / checked."""
+        return self.accepted / self.checked if self.checked else 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        """New tokens per target pass, per active row, bonus included."""
+        return self.new_tokens / self.row_passes if self.row_passes else 0.0
+
+    @property
+    def mean_gamma(self) -> float:
+        g = self.gamma_per_round
+        return sum(g) / len(g) if g else 0.0
+
+    @property
+    def c_bytes(self) -> float:
+        """Cost coefficient from weights: draft bytes / target bytes."""
+        return self.draft_bytes / self.target_bytes if self.target_bytes else 0.0
+
+    @property
+    def c_time(self) -> float:
+        """Cost coefficient measured: mean draft forward time / mean target forward time."""
+        if not (self.draft_forwards and self.target_passes and self.time_target):
+            return 0.0
+        return (self.time_draft / self.draft_forwards) / (self.time_target / self.target_passes)
+
+    @property
+    def expected_tokens_per_pass(self) -> float:
+        return expected_tokens_per_pass(self.alpha, round(self.mean_gamma))
+
+    @property
+    def estimated_speedup(self) -> float:
+        """Tokens per pass from the formula over (1 + γc), with c = c_bytes."""
+        return estimated_speedup(self.alpha, round(self.mean_gamma), self.c_bytes)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.time_total if self.time_total else 0.0
+
+    @property
+    def time_other(self) -> float:
+        """Time outside model forwards (sampling, bookkeeping)."""
+        return max(0.0, self.time_total - self.time_draft - self.time_target)
+
+    def to_dict(self) -> dict:
+        """All counts plus the derived numbers, JSON-ready."""
+        out = asdict(self)
+        for name in ("alpha", "tokens_per_pass", "mean_gamma", "c_bytes", "c_time", "expected_tokens_per_pass",
+                     "estimated_speedup", "tokens_per_second", "time_other"):
+            out[name] = getattr(self, name)
+        return out
+
+
+def _grow(values: list[int], size: int) -> None:
+    values.extend([0] * (size - len(values)))
+
+
+@dataclass
+class RoundEvent:
+    """What one target pass produced, for live displays."""
+
+    round_index: int
+    gamma: int
+    accepted: list[int]
+    new_tokens: list[list[int]]
+    kinds: list[list[str]]
+    stats: SpecStats
+    rows: list[int] = field(default_factory=list)

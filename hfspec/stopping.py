@@ -1,0 +1,60 @@
+"""When a row stops: EOS, length and any other stopping criterion, checked after every committed token.
+
+A round may commit several tokens at once; checking each one in order is what makes the output equal to
+plain `generate`: nothing after EOS, never more than `max_new_tokens`.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import StoppingCriteriaList
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+
+
+class Stopper:
+    """Fast paths for EOS and length; other criteria are called on the row's sequence."""
+
+    def __init__(self, criteria: StoppingCriteriaList | None, eos_token_id=None, max_length: int | None = None):
+        self.max_length = max_length
+        self.eos: set[int] = set(_as_list(eos_token_id))
+        self.others = []
+        for criterion in criteria or []:
+            if isinstance(criterion, MaxLengthCriteria):
+                limit = criterion.max_length
+                self.max_length = limit if self.max_length is None else min(self.max_length, limit)
+            elif isinstance(criterion, EosTokenCriteria):
+                self.eos.update(_as_list(criterion.eos_token_id))
+            else:
+                self.others.append(criterion)
+
+    def budget(self, length: int) -> int:
+        """How many more tokens a row of `length` tokens may take."""
+        return 1 << 30 if self.max_length is None else max(0, self.max_length - length)
+
+    def commit(self, length: int, tokens: list[int], history=None) -> tuple[int, bool]:
+        """How many of `tokens` to keep after a row of `length` tokens, and whether the row is done.
+
+        `history()` returns the row's tokens as a 1-D tensor; only criteria other than EOS/length need it.
+        """
+        room = self.budget(length)
+        row = history() if self.others else None
+        for i, token in enumerate(tokens):
+            if i + 1 > room:
+                return i, True
+            if token in self.eos or i + 1 == room:
+                return i + 1, True
+            if self.others:
+                seq = torch.cat([row, row.new_tensor(tokens[: i + 1])]).unsqueeze(0)
+                if any(bool(c(seq, None).all()) for c in self.others):
+                    return i + 1, True
+        return len(tokens), False
+
+
+def _as_list(ids) -> list[int]:
+    if ids is None:
+        return []
+    if isinstance(ids, torch.Tensor):
+        return [int(i) for i in ids.flatten().tolist()]
+    if isinstance(ids, int):
+        return [ids]
+    return [int(i) for i in ids]

@@ -1,0 +1,95 @@
+"""Checks of user input, made before any model runs. Each error names the field and what is allowed."""
+
+from __future__ import annotations
+
+import torch
+
+from hfspec.errors import HfspecError, bad_value
+
+GAMMA_MAX = 64
+
+
+def check_gamma(gamma) -> None:
+    if gamma == "auto":
+        return
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or not 1 <= gamma <= GAMMA_MAX:
+        raise bad_value("gamma", gamma, f'an integer from 1 to {GAMMA_MAX}, or "auto"')
+
+
+def check_sampling(temperature=None, top_k=None, top_p=None, min_p=None, max_new_tokens=None) -> None:
+    if temperature is not None and (not _is_number(temperature) or temperature < 0):
+        raise bad_value("temperature", temperature, "a number >= 0 (0 means greedy)")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
+        raise bad_value("top_k", top_k, "an integer >= 0 (0 or None turns it off)")
+    if top_p is not None and (not _is_number(top_p) or not 0 < top_p <= 1):
+        raise bad_value("top_p", top_p, "a number in (0, 1]")
+    if min_p is not None and (not _is_number(min_p) or not 0 <= min_p <= 1):
+        raise bad_value("min_p", min_p, "a number in [0, 1]")
+    if max_new_tokens is not None and (
+        isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0
+    ):
+        raise bad_value("max_new_tokens", max_new_tokens, "an integer >= 0")
+
+
+def check_input_ids(input_ids, attention_mask=None) -> None:
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dtype not in (torch.long, torch.int, torch.int32):
+        raise bad_value("input_ids", type(input_ids).__name__, "a LongTensor of token ids, shape [batch, length]")
+    if input_ids.dim() != 2 or input_ids.shape[1] == 0 or input_ids.shape[0] == 0:
+        raise bad_value("input_ids", tuple(input_ids.shape), "shape [batch, length] with batch, length >= 1")
+    if attention_mask is not None and tuple(attention_mask.shape) != tuple(input_ids.shape):
+        raise bad_value("attention_mask", tuple(attention_mask.shape), f"the shape of input_ids, {tuple(input_ids.shape)}")
+    if attention_mask is not None and input_ids.shape[0] > 1 and bool((attention_mask[:, -1] == 0).any()):
+        raise HfspecError("attention_mask: right padding found; pad batches on the left (tokenizer.padding_side='left')")
+
+
+def vocab_size(model) -> int:
+    """Width of the model's output distribution."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    weight = getattr(head, "weight", None) if head is not None else None
+    if weight is not None and weight.dim() == 2:
+        return int(weight.shape[0])
+    return int(model.config.vocab_size)
+
+
+def check_pair(target, draft) -> int | None:
+    """Draft and target must share token ids. Returns the draft's usable vocabulary width (None: all of it).
+
+    A draft from `make_draft` carries `hfspec_shared_vocab` after its tokenizer check; then extra padded rows
+    on either side are fine (draft rows beyond it are masked, target rows beyond the draft get q = 0).
+    """
+    if draft is None:
+        return None
+    if draft is target:
+        raise HfspecError("draft: the draft is the target itself; pass a quantised copy (make_draft) or a sibling")
+    shared = getattr(draft, "hfspec_shared_vocab", None)
+    v_target, v_draft = vocab_size(target), vocab_size(draft)
+    if shared is not None:
+        return int(shared)
+    if v_target != v_draft:
+        raise HfspecError(
+            f"draft: vocabulary size {v_draft} differs from the target's {v_target}; the draft must share the "
+            "target's tokenizer (build it with hfspec.make_draft, which checks the tokenizers)"
+        )
+    return None
+
+
+def check_length(target, prompt_len: int, max_new_tokens: int | None) -> None:
+    config = target.config
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if limit and max_new_tokens is not None and prompt_len + max_new_tokens > limit:
+        raise HfspecError(
+            f"max_new_tokens: prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) = "
+            f"{prompt_len + max_new_tokens} exceeds the target's {limit} positions; allowed: max_new_tokens <= "
+            f"{max(0, limit - prompt_len)}"
+        )
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def accepts_positions(*models) -> bool:
+    """Batches with ragged acceptance need explicit position ids in every model."""
+    from hfspec.cache import accepts
+
+    return all(model is None or accepts(model, "position_ids") for model in models)

@@ -1,0 +1,25 @@
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).parent))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "models"
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    torch.set_num_threads(2)
+
+
+def shared_model(name: str) -> Path:
+    """Path of a model under ../shared/models, or skip the test when it is absent."""
+    path = SHARED / name
+    if not path.exists():
+        pytest.skip(f"{path} not present (../shared is only on development machines)")
+    return path
