@@ -53,7 +53,7 @@ class _Slots:
         kept = torch.arange(m, device=n.device)[None, :] < n[:, None]
         base = self.positions[:, start - 1 : start]
         self.tokens = torch.cat([self.tokens[:, :start], x[:, :m], token[:, None]], dim=1)
-        self.valid = torch.cat([self.valid[:, :start], kept, torch.ones_like(kept[:, :1])], dim=1)
+        self.valid = torch.cat([self.valid[:, :start], kept, torch.ones_like(token[:, None], dtype=torch.bool)], dim=1)
         new_positions = torch.cat([base + kept.long().cumsum(-1), base + n[:, None] + 1], dim=1)
         self.positions = torch.cat([self.positions[:, :start], new_positions], dim=1)
         self.all_valid = self.all_valid and bool(kept.all())
@@ -147,7 +147,7 @@ def decode(
         if streamer is not None and new_tokens[0]:
             streamer.put(input_ids.new_tensor(new_tokens[0]).cpu())
         checked = [min(a + 1, gamma) for a in n_list]
-        stats.record_round(gamma, n_list, checked, committed)
+        stats.record_round(gamma, n_list, checked, committed, active)
         if d_model is not None:
             d_step = (d_model.seconds - d_seconds) / max(1, d_model.forwards - d_forwards)
             policy.update(gamma, sum(n_list), sum(checked), d_step, t_model.seconds - t_seconds)

@@ -51,19 +51,22 @@ class SpecStats:
     target_bytes: int = 0
     stopped: bool = False
 
-    def record_round(self, gamma: int, accepted: list[int], checked: list[int], committed: list[int]) -> None:
-        """Add one target pass: per row, draft tokens accepted and checked, and tokens committed."""
+    def record_round(
+        self, gamma: int, accepted: list[int], checked: list[int], committed: list[int], rows: list[int]
+    ) -> None:
+        """Add one target pass: for each running row (its index in `rows`), draft tokens accepted and checked,
+        and tokens committed."""
         self.target_passes += 1
         self.row_passes += len(accepted)
         self.gamma_per_round.append(gamma)
         if not self.new_tokens_per_row:
-            self.new_tokens_per_row = [0] * len(accepted)
-            self.accepted_per_row = [0] * len(accepted)
-            self.checked_per_row = [0] * len(accepted)
+            self.new_tokens_per_row = [0] * self.batch_size
+            self.accepted_per_row = [0] * self.batch_size
+            self.checked_per_row = [0] * self.batch_size
         _grow(self.accepted_by_position, gamma)
         _grow(self.checked_by_position, gamma)
         _grow(self.accepted_length_hist, gamma + 1)
-        for row, (n, k, m) in enumerate(zip(accepted, checked, committed, strict=True)):
+        for row, n, k, m in zip(rows, accepted, checked, committed, strict=True):
             self.proposed += gamma
             self.checked += k
             self.accepted += n
