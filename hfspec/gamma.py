@@ -29,7 +29,7 @@ class AdaptiveGamma:
     c: mean draft forward time / mean target forward time over recent rounds, starting from the bytes ratio.
     """
 
-    def __init__(self, gamma_max: int = 16, c_prior: float = 0.2, decay: float = 0.9, start: int = 4):
+    def __init__(self, gamma_max: int = 16, c_prior: float = 0.2, decay: float = 0.95, start: int = 4):
         self.gamma_max = gamma_max
         self.decay = decay
         self.label = "auto"

@@ -124,6 +124,22 @@ class SpecStats:
         """Time outside model forwards (sampling, bookkeeping)."""
         return max(0.0, self.time_total - self.time_draft - self.time_target)
 
+    def merge(self, other: SpecStats) -> SpecStats:
+        """Pool two runs (e.g. repeats with different seeds): counts and times add up."""
+        out = SpecStats(gamma=self.gamma if self.gamma == other.gamma else "mixed", batch_size=self.batch_size)
+        for name in ("target_passes", "row_passes", "draft_forwards", "proposed", "checked", "accepted",
+                     "new_tokens", "positions_fed_target", "positions_fed_draft", "time_draft", "time_target",
+                     "time_total"):
+            setattr(out, name, getattr(self, name) + getattr(other, name))
+        for name in ("accepted_by_position", "checked_by_position", "accepted_length_hist"):
+            a, b = getattr(self, name), getattr(other, name)
+            setattr(out, name, [x + y for x, y in zip(a + [0] * (len(b) - len(a)), b + [0] * (len(a) - len(b)),
+                                                      strict=True)])
+        out.gamma_per_round = self.gamma_per_round + other.gamma_per_round
+        out.draft_bytes, out.target_bytes = other.draft_bytes, other.target_bytes
+        out.stopped = self.stopped or other.stopped
+        return out
+
     def to_dict(self) -> dict:
         """All counts plus the derived numbers, JSON-ready."""
         out = asdict(self)

@@ -1,0 +1,5 @@
+import sys
+
+from hfspec.cli import main
+
+sys.exit(main())

@@ -1,0 +1,234 @@
+"""`hfspec` command line: run, sweep, compare, bench, presets, gui."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+
+from hfspec.errors import HfspecError
+
+
+def _gamma(text: str):
+    if text == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"gamma: got {text!r}; allowed: an integer 1..64 or auto") from None
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    from hfspec.presets import DEFAULT_PRESET
+
+    p.add_argument("--preset", default=DEFAULT_PRESET, help=f"preset name or .toml path (default {DEFAULT_PRESET})")
+    p.add_argument("--target", help="target: model folder, hub id or .gguf file (overrides the preset)")
+    p.add_argument("--draft", help="draft: rtnB[-gN], bnb-nf4|fp4|int8, or a sibling folder / hub id")
+    p.add_argument("--temperature", type=float, help="0 is greedy")
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--max-new-tokens", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--prompt")
+    p.add_argument("--dtype", help="float32 | bfloat16 | float16 | auto")
+    p.add_argument("--device", help="cpu | cuda | cuda:N | mps | auto")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hfspec", description="Exact speculative decoding for HF causal LMs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="generate once; tokens coloured by origin; statistics")
+    _common(run)
+    run.add_argument("--gamma", type=_gamma)
+    run.add_argument("--no-baseline", action="store_true", help="skip the plain run (measured speed-up)")
+    run.add_argument("--json", action="store_true", help="print statistics as JSON")
+    run.add_argument("--no-color", action="store_true")
+
+    sweep = sub.add_parser("sweep", help="α, tokens per pass and speed-up for each γ (the plate's figure)")
+    _common(sweep)
+    sweep.add_argument("--gammas", default="1-8", help="e.g. 1-8, 1,2,4, 1-6,auto")
+    sweep.add_argument("--drafts", help="comma-separated draft specs (default: the preset's draft)")
+    sweep.add_argument("--repeats", type=int, default=1, help="seeded runs pooled per point")
+    sweep.add_argument("--json", action="store_true")
+    sweep.add_argument("--csv", metavar="FILE")
+    sweep.add_argument("--plot", metavar="FILE.png")
+    sweep.add_argument("--no-greedy-check", action="store_true", help="skip the temperature-0 identity check")
+
+    compare = sub.add_parser("compare", help="several drafts on the same prompt and settings")
+    _common(compare)
+    compare.add_argument("--gamma", type=_gamma)
+    compare.add_argument("--drafts", required=True, help="comma-separated draft specs")
+    compare.add_argument("--repeats", type=int, default=1)
+    compare.add_argument("--json", action="store_true")
+    compare.add_argument("--csv", metavar="FILE")
+
+    bench = sub.add_parser("bench", help="plain generate vs HF assisted vs hfspec, tokens/s side by side")
+    _common(bench)
+    bench.add_argument("--gamma", type=int)
+    bench.add_argument("--repeats", type=int, default=3)
+    bench.add_argument("--json", action="store_true")
+
+    sub.add_parser("presets", help="list the presets")
+    sub.add_parser("gui", help="open the dashboard")
+    return parser
+
+
+def _settings(args, **extra):
+    from hfspec.session import RunSettings
+
+    overrides = {k: v for k, v in {
+        "target": args.target, "draft": args.draft, "temperature": args.temperature, "top_k": args.top_k,
+        "top_p": args.top_p, "max_new_tokens": args.max_new_tokens, "seed": args.seed, "prompt": args.prompt,
+        "gamma": getattr(args, "gamma", None),
+    }.items() if v is not None}
+    settings = RunSettings.from_preset(args.preset, **overrides)
+    return replace(settings, **extra).validated()
+
+
+def _session(args):
+    from hfspec.session import Session
+
+    return Session(dtype=args.dtype, device=args.device)
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def cmd_run(args) -> int:
+    from hfspec import report
+
+    settings = _settings(args, measure_baseline=not args.no_baseline)
+    result = _session(args).run(settings, progress=_say)
+    base = result.baseline.tokens_per_second if result.baseline else None
+    if args.json:
+        print(report.dumps(result.to_dict() | {"measured_speedup": result.measured_speedup}))
+        return 0
+    colour = not args.no_color and sys.stdout.isatty()
+    print(result.prompt_text + report.coloured_text(result.pieces, colour))
+    print()
+    print(report.legend(colour))
+    print("\n".join(report.stats_lines(result.stats, base)))
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    from tqdm import tqdm
+
+    from hfspec import report
+    from hfspec.sweep import parse_gammas, sweep
+
+    gammas = parse_gammas(args.gammas)
+    if args.repeats < 1:
+        raise HfspecError(f"repeats: got {args.repeats}; allowed: an integer >= 1")
+    settings = _settings(args)
+    specs = [d.strip() for d in (args.drafts or settings.draft).split(",") if d.strip()]
+    session = _session(args)
+    target, tokenizer = session.load_target(settings.target, progress=_say)
+    drafts = {spec: session.load_draft(settings.target, spec, progress=_say) for spec in specs}
+    ids = session.encode(settings, tokenizer)
+    sampling = settings.sampling_kwargs()
+    sampling.pop("seed")
+    bar = tqdm(total=len(gammas) * len(drafts), desc="sweep", unit="point", file=sys.stderr,
+               disable=not sys.stderr.isatty())
+    rows = [r.to_dict() for r in sweep(target, drafts, gammas, ids, sampling, seed=settings.seed,
+                                        repeats=args.repeats, check_greedy=not args.no_greedy_check,
+                                        on_row=lambda _: bar.update())]
+    bar.close()
+    if args.csv:
+        report.write_csv(rows, args.csv)
+    if args.plot:
+        report.plot_sweep(rows, args.plot)
+    if args.json:
+        print(report.dumps({"settings": settings.to_dict(), "gammas": gammas, "rows": rows}))
+    else:
+        print(report.table(rows, ["draft", "gamma", "alpha", "checked", "tokens_per_pass", "expected_tokens_per_pass",
+                                  "c_bytes", "c_time", "estimated_speedup", "measured_speedup", "greedy_identical"]))
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from hfspec import report
+    from hfspec.sweep import sweep
+
+    settings = _settings(args)
+    specs = [d.strip() for d in args.drafts.split(",") if d.strip()]
+    session = _session(args)
+    target, tokenizer = session.load_target(settings.target, progress=_say)
+    drafts = {spec: session.load_draft(settings.target, spec, progress=_say) for spec in specs}
+    sampling = settings.sampling_kwargs()
+    sampling.pop("seed")
+    rows = [r.to_dict() for r in sweep(target, drafts, [settings.gamma], session.encode(settings, tokenizer),
+                                        sampling, seed=settings.seed, repeats=args.repeats, check_greedy=False)]
+    if args.csv:
+        report.write_csv(rows, args.csv)
+    if args.json:
+        print(report.dumps(rows))
+    else:
+        print(report.table(rows, ["draft", "gamma", "alpha", "tokens_per_pass", "c_bytes", "c_time",
+                                  "estimated_speedup", "measured_speedup", "tokens_per_second"]))
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from hfspec import report
+    from hfspec.benchmark import compare_methods
+
+    settings = _settings(args)
+    session = _session(args)
+    target, draft, tokenizer = session.load(settings, progress=_say)
+    gamma = args.gamma or (settings.gamma if settings.gamma != "auto" else 4)
+    result = compare_methods(target, draft, session.encode(settings, tokenizer), gamma=gamma,
+                             temperature=settings.temperature, max_new_tokens=settings.max_new_tokens,
+                             repeats=args.repeats, seed=settings.seed)
+    if args.json:
+        print(report.dumps(result))
+    else:
+        rows = [{"method": m, "tokens_per_second": t, "vs_plain": result["speedup_vs_plain"][m]}
+                for m, t in result["tokens_per_second"].items()]
+        print(report.table(rows, ["method", "tokens_per_second", "vs_plain"]))
+        print(f"hfspec / HF assisted: {result['hfspec_vs_assisted']:.2f}×; α {result['alpha']:.3f}; "
+              f"hfspec time outside forwards {result['hfspec_time_split']['other']:.1%}")
+    return 0
+
+
+def cmd_presets(args) -> int:
+    from hfspec.presets import list_presets, load_preset
+
+    for name in list_presets():
+        p = load_preset(name)
+        print(f"{name:24s} {'(download) ' if p.needs_download else ''}{p.description}")
+    return 0
+
+
+def cmd_gui(args) -> int:
+    try:
+        from gui.app import main as gui_main
+    except ImportError as error:
+        raise HfspecError(f"gui: the dashboard needs PySide6 and pyqtgraph ({error}); allowed: "
+                          "pip install 'hfspec[gui]'") from error
+    return gui_main([])
+
+
+COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "compare": cmd_compare, "bench": cmd_bench,
+            "presets": cmd_presets, "gui": cmd_gui}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args) or 0
+    except HfspecError as error:
+        print(f"hfspec: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["build_parser", "json", "main"]

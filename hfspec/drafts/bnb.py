@@ -1,0 +1,77 @@
+"""bitsandbytes drafts (nf4 / fp4 / int8): the module replacement BitsAndBytesConfig does, done on a copy.
+
+As with BitsAndBytesConfig's defaults, every Linear / Conv1D is replaced except the output layer; embeddings and
+the output layer stay in float and are shared with the target (no copy).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hfspec.errors import HfspecError
+from hfspec.quant.swap import as_linear_weight, copy_skeleton, weight_matrices
+
+LLM_INT8_THRESHOLD = 6.0  # BitsAndBytesConfig's default
+
+
+def _import_bnb():
+    try:
+        import bitsandbytes
+    except ImportError as err:
+        raise HfspecError("draft: bnb-* specs need bitsandbytes (pip install 'hfspec[bnb]'); allowed without it: "
+                          "rtn2..rtn8[-gN], or a model folder / hub id") from err
+    return bitsandbytes
+
+
+def make_bnb_draft(target: nn.Module, bnb_type: str) -> nn.Module:
+    """Copy of `target` with bitsandbytes `bnb_type` ("nf4" | "fp4" | "int8") layers; checked by one forward each."""
+    bnb = _import_bnb()
+    output = target.get_output_embeddings() if hasattr(target, "get_output_embeddings") else None
+    layers = [(n, m) for n, m in weight_matrices(target)
+              if not isinstance(m, nn.Embedding) and m is not output]
+    replace = {id(p): p for p in target.parameters()}  # share what is not replaced
+    replace.update({id(m.weight): None for _, m in layers})
+    draft = copy_skeleton(target, replace)
+    for name, module in layers:
+        new = _bnb_linear(bnb, module, bnb_type)
+        _check_layer(new, name, bnb_type, module.weight.dtype)
+        draft.set_submodule(name, new)
+    draft.eval()
+    return draft
+
+
+def _bnb_linear(bnb, module: nn.Module, bnb_type: str) -> nn.Module:
+    weight = as_linear_weight(module).detach()
+    out_features, in_features = weight.shape
+    bias = module.bias is not None
+    if bnb_type == "int8":
+        new = bnb.nn.Linear8bitLt(in_features, out_features, bias=bias, has_fp16_weights=False,
+                                  threshold=LLM_INT8_THRESHOLD)
+        new.weight = bnb.nn.Int8Params(weight.clone(), requires_grad=False, has_fp16_weights=False)
+    else:
+        new = bnb.nn.Linear4bit(in_features, out_features, bias=bias, compute_dtype=weight.dtype, quant_type=bnb_type)
+        new.weight = bnb.nn.Params4bit(weight.clone(), requires_grad=False, quant_type=bnb_type, module=new)
+    if bias:
+        new.bias = nn.Parameter(module.bias.detach().clone(), requires_grad=False)
+    new = new.to(weight.device)  # quantises
+    new.hfspec_path = f"bnb {bnb_type}"
+    if bnb_type != "int8" and getattr(new, "support_avx512bf16_for_cpu", False) and out_features % 32:
+        # bnb's AVX512-BF16 CPU repack asserts "N must be divisible by block_n": use its generic kernel instead
+        new.support_avx512bf16_for_cpu = False
+        new.hfspec_path += f" (generic CPU kernel: N={out_features} not a multiple of 32)"
+    return new
+
+
+def _check_layer(layer: nn.Module, name: str, bnb_type: str, dtype: torch.dtype) -> None:
+    """One tiny forward, so an unsupported shape fails here with a clear message, not mid-generation."""
+    weight = layer.weight
+    x = torch.zeros(1, 1, layer.in_features, device=weight.device, dtype=dtype)
+    try:
+        with torch.no_grad():
+            layer(x)
+    except (AssertionError, RuntimeError, NotImplementedError, ValueError) as err:
+        raise HfspecError(f"draft: bnb-{bnb_type} cannot run layer {name!r} ({layer.in_features}->"
+                          f"{layer.out_features}) on {weight.device.type}: {err}; allowed here: rtn4 "
+                          "(or rtn2..rtn8, bnb-int8)") from err
+

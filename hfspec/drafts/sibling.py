@@ -1,0 +1,89 @@
+"""Sibling drafts: a smaller model that must share the target's tokenizer."""
+
+from __future__ import annotations
+
+import os
+
+from torch import nn
+
+from hfspec.errors import HfspecError
+
+
+def check_same_tokenizer(tok_a, tok_b) -> None:
+    """Raise HfspecError unless both tokenizers have the same size and the same token string for every id."""
+    size_a, size_b = len(tok_a), len(tok_b)
+    if size_a != size_b:
+        raise HfspecError(f"draft: tokenizer has {size_b} tokens but the target's has {size_a}; allowed: a draft "
+                          "sharing the target's tokenizer (same vocabulary), or a quantised copy such as rtn4")
+    tokens_a = tok_a.convert_ids_to_tokens(list(range(size_a)))
+    tokens_b = tok_b.convert_ids_to_tokens(list(range(size_b)))
+    for i, (a, b) in enumerate(zip(tokens_a, tokens_b, strict=True)):
+        if a != b:
+            raise HfspecError(f"draft: tokenizer differs from the target's at id {i} ({b!r} vs {a!r}); allowed: "
+                              "a draft sharing the target's tokenizer, or a quantised copy such as rtn4")
+
+
+def check_sibling(target: nn.Module, draft: nn.Module, target_tokenizer=None, draft_tokenizer=None) -> None:
+    """Check a sibling draft can propose tokens for `target` (tokenizers, embedding rows)."""
+    t_rows, d_rows = _vocab_rows(target), _vocab_rows(draft)
+    if target_tokenizer is not None and draft_tokenizer is not None:
+        check_same_tokenizer(target_tokenizer, draft_tokenizer)
+        needed = len(target_tokenizer)
+        for role, rows in (("target", t_rows), ("draft", d_rows)):
+            if rows is not None and rows < needed:
+                raise HfspecError(f"draft: the {role} model has {rows} vocabulary rows, fewer than the "
+                                  f"tokenizer's {needed} tokens; allowed: models covering the whole tokenizer")
+    elif t_rows is not None and d_rows is not None and t_rows != d_rows:
+        raise HfspecError(f"draft: vocab_size {d_rows} differs from the target's {t_rows} and no tokenizers were "
+                          "given to check them; pass target_tokenizer= and draft_tokenizer= (padded vocabularies "
+                          "are allowed when the tokenizers match)")
+
+
+def _vocab_rows(model: nn.Module) -> int | None:
+    config = getattr(model, "config", None)
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(config, "vocab_size", None)
+
+
+def _local_tokenizer(model: nn.Module):
+    """The tokenizer saved next to a model loaded from a local folder, else None."""
+    path = getattr(model, "name_or_path", "") or ""
+    if not path or not os.path.isdir(path):
+        return None
+    try:
+        return _load_tokenizer(path, role="target")
+    except (HfspecError, OSError, ValueError):
+        return None
+
+
+def _load_tokenizer(source, role: str):
+    try:
+        from hfspec.loading import load_tokenizer
+    except ImportError:  # loading module missing: plain transformers
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(source, local_files_only=os.path.isdir(source))
+    return load_tokenizer(source, role=role)
+
+
+def load_sibling(target: nn.Module, source, target_tokenizer=None, draft_tokenizer=None, **load_options) -> nn.Module:
+    """Load a sibling draft (folder or hub id) onto the target's device and check it against the target."""
+    from hfspec.loading import load_model
+
+    options = {"dtype": _float_dtype(target), "device": _device_name(target), **load_options}
+    draft = load_model(source, role="draft", **options)
+    if draft_tokenizer is None:
+        draft_tokenizer = _load_tokenizer(source, role="draft")
+    if target_tokenizer is None:
+        target_tokenizer = _local_tokenizer(target)
+    check_sibling(target, draft, target_tokenizer, draft_tokenizer if target_tokenizer is not None else None)
+    return draft
+
+
+def _float_dtype(model: nn.Module):
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+
+
+def _device_name(model: nn.Module) -> str:
+    device = next((p.device for p in model.parameters() if p.device.type != "meta"), None)
+    return str(device) if device is not None else "cpu"

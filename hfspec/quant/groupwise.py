@@ -1,0 +1,63 @@
+"""Group-wise asymmetric round-to-nearest (RTN) on plain tensors.
+
+A weight [N, K] is cut into groups of `group_size` along the input dimension K (the last group may be shorter).
+Each group keeps an fp16 `scale` and an fp16 `zero` (the value of code 0):  w ~= q * scale + zero,
+q in 0 .. 2**bits - 1. `zero` is rounded down and `scale` up to fp16, so the codes always cover the group's
+range and the rounding error stays within half a step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def n_groups(in_features: int, group_size: int) -> int:
+    """Number of groups along K (the last one may be ragged)."""
+    return math.ceil(in_features / group_size)
+
+
+def _pad_groups(w: torch.Tensor, group_size: int) -> torch.Tensor:
+    """[N, K] -> [N, G, group_size], the ragged tail padded with the row's last value (min/max unchanged)."""
+    rows, cols = w.shape
+    pad = n_groups(cols, group_size) * group_size - cols
+    if pad:
+        w = torch.cat([w, w[:, -1:].expand(rows, pad)], dim=1)
+    return w.reshape(rows, -1, group_size)
+
+
+def _round_half(x: torch.Tensor, direction: float) -> torch.Tensor:
+    """fp32 -> fp16, rounded towards -inf (direction < 0) or +inf (direction > 0)."""
+    h = x.clamp(-65504, 65504).half()
+    off = h.float() > x if direction < 0 else h.float() < x
+    step = torch.full_like(h, direction * math.inf)
+    return torch.where(off, torch.nextafter(h, step), h)
+
+
+def group_qparams(w: torch.Tensor, bits: int, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-group (scale, zero) in fp16, each [N, G]."""
+    g = _pad_groups(w.detach().float(), group_size)
+    zero = _round_half(g.amin(dim=-1), -1.0)
+    scale = _round_half((g.amax(dim=-1) - zero.float()) / (2**bits - 1), +1.0)
+    return scale, zero
+
+
+def group_quantize(w: torch.Tensor, bits: int, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """w [N, K] -> (codes uint8 [N, K], scale fp16 [N, G], zero fp16 [N, G])."""
+    rows, cols = w.shape
+    scale, zero = group_qparams(w, bits, group_size)
+    g = _pad_groups(w.detach().float(), group_size)
+    s = scale.float().unsqueeze(-1)
+    safe = torch.where(s > 0, s, torch.ones_like(s))
+    q = ((g - zero.float().unsqueeze(-1)) / safe).round_().clamp_(0, 2**bits - 1)
+    return q.to(torch.uint8).reshape(rows, -1)[:, :cols].contiguous(), scale, zero
+
+
+def group_dequantize(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int,
+                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """codes [R, K] with scale/zero [R, G] -> weights [R, K] in `dtype`."""
+    rows, cols = q.shape
+    g = _pad_groups(q, group_size).to(torch.float32)
+    w = g * scale.float().unsqueeze(-1) + zero.float().unsqueeze(-1)
+    return w.reshape(rows, -1)[:, :cols].to(dtype)

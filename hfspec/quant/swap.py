@@ -1,0 +1,112 @@
+"""Module swapping: build an RTN-quantised copy of a model, layer by layer, without a second float copy."""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+
+import torch
+from torch import nn
+
+from hfspec.quant.modules import QuantEmbedding, QuantLinear, QuantWeight, fused_int4_reason
+
+try:  # GPT-2 style layers: y = x @ W + b with W stored [in, out]
+    from transformers.pytorch_utils import Conv1D
+except ImportError:  # pragma: no cover
+    Conv1D = ()
+
+
+def weight_matrices(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Every Linear, Conv1D and Embedding module of `model`, by name."""
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear | nn.Embedding | Conv1D)]
+
+
+def as_linear_weight(module: nn.Module) -> torch.Tensor:
+    """The module's weight as [out, in] (Conv1D stores it transposed)."""
+    return module.weight.t() if isinstance(module, Conv1D) else module.weight
+
+
+def copy_skeleton(model: nn.Module, replace: dict[int, nn.Parameter | None]) -> nn.Module:
+    """Deep copy of `model` in which each parameter whose id is a key of `replace` becomes the mapped value
+    (None: an empty tensor on the meta device, to be swapped out). Everything else (norms, biases) is copied."""
+    params = {id(p): p for p in model.parameters()}
+    memo = {key: value if value is not None else _meta_like(params[key]) for key, value in replace.items()}
+    return copy.deepcopy(model, memo)
+
+
+def _meta_like(p: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"), requires_grad=False)
+
+
+def quantize_model(model: nn.Module, bits: int, group_size: int = 32, fused: bool | None = None) -> nn.Module:
+    """RTN copy of `model`: every Linear / Conv1D / Embedding weight packed at `bits` with groups along K.
+
+    fused: use the CPU int4 kernel where a layer allows it (default: when the weights are on the CPU).
+    Tied weights (one Parameter used by several modules) get one shared `QuantWeight`. `model` is not changed.
+    """
+    layers = weight_matrices(model)
+    users: dict[int, list[nn.Module]] = {}
+    for _, module in layers:
+        users.setdefault(id(module.weight), []).append(module)
+    draft = copy_skeleton(model, dict.fromkeys(users))
+    storages: dict[int, QuantWeight] = {}
+    for name, module in layers:
+        key = id(module.weight)
+        if key not in storages:
+            storages[key] = _quantize_weight(users[key], bits, group_size, fused)
+        qweight = storages[key]
+        if isinstance(module, nn.Embedding):
+            new = QuantEmbedding(qweight, module.padding_idx)
+        else:
+            new = QuantLinear(qweight, module.bias)
+        draft.set_submodule(name, new)
+    leftovers = [n for n, p in draft.named_parameters() if p.device.type == "meta"]
+    if leftovers:
+        raise RuntimeError(f"quantize_model: weights left unquantised: {leftovers}")
+    draft.eval()
+    return draft
+
+
+def _quantize_weight(modules: list[nn.Module], bits: int, group_size: int, fused: bool | None) -> QuantWeight:
+    """Quantise the weight shared by `modules`, in the fused layout when a matmul uses it and its shape fits."""
+    w = as_linear_weight(modules[0]).detach()
+    with torch.no_grad():
+        use_fused = fused is not False and any(not isinstance(m, nn.Embedding) for m in modules)
+        use_fused = use_fused and fused_int4_reason(bits, group_size, *w.shape, w.device) is None
+        return QuantWeight.from_float(w, bits, group_size, fused=use_fused)
+
+
+def describe(model: nn.Module) -> list[dict]:
+    """One entry per weight-holding layer: name, kind, shape and the path its forward takes."""
+    rows = []
+    for name, module in model.named_modules():
+        entry = _describe_module(module)
+        if entry is not None:
+            rows.append({"name": name, **entry})
+    return rows
+
+
+def summary(model: nn.Module) -> dict[str, int]:
+    """Count of layers per path."""
+    return dict(Counter(row["path"] for row in describe(model)))
+
+
+def _describe_module(module: nn.Module) -> dict | None:
+    if isinstance(module, QuantLinear | QuantEmbedding):
+        q = module.qweight
+        kind = "embedding" if isinstance(module, QuantEmbedding) else "linear"
+        if kind == "embedding":
+            path = f"rtn{q.bits} row lookup ({q.layout} layout)"
+        elif q.layout == "int4_cpu":
+            path = f"rtn{q.bits} {q.path}"
+        else:
+            why = fused_int4_reason(q.bits, q.group_size, q.out_features, q.in_features, q.packed.device)
+            path = f"rtn{q.bits} {q.path}" + (f" (no fused kernel: {why})" if q.bits == 4 and why else "")
+        return {"kind": kind, "shape": (q.out_features, q.in_features), "path": path}
+    bnb_path = getattr(module, "hfspec_path", None)
+    if bnb_path is not None:
+        return {"kind": "linear", "shape": (module.out_features, module.in_features), "path": bnb_path}
+    if isinstance(module, nn.Linear | nn.Embedding | Conv1D):
+        kind = "embedding" if isinstance(module, nn.Embedding) else "linear"
+        return {"kind": kind, "shape": tuple(as_linear_weight(module).shape), "path": f"{module.weight.dtype} float"}
+    return None

@@ -1,0 +1,121 @@
+"""Text output for the CLI: coloured tokens, statistics and tables, CSV/JSON, and the sweep figure."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from hfspec.errors import HfspecError
+from hfspec.stats import SpecStats, estimated_speedup, expected_tokens_per_pass
+
+COLOURS = {"accepted": "\033[32m", "resampled": "\033[33m", "bonus": "\033[36m", "target": ""}
+RESET = "\033[0m"
+
+
+def coloured_text(pieces: list[tuple[str, str]], colour: bool) -> str:
+    """Generated text, each token coloured by how it was produced (accepted draft / resampled / bonus)."""
+    if not colour:
+        return "".join(text for text, _ in pieces)
+    return "".join(f"{COLOURS.get(kind, '')}{text}{RESET if COLOURS.get(kind) else ''}" for text, kind in pieces)
+
+
+def legend(colour: bool) -> str:
+    names = ("accepted", "resampled", "bonus")
+    return "  ".join(f"{COLOURS[n]}{n}{RESET}" if colour else n for n in names)
+
+
+def stats_lines(stats: SpecStats, baseline_tps: float | None = None) -> list[str]:
+    """The numbers of one run, one per line."""
+    s = stats
+    lines = [
+        f"γ                        {s.gamma} (mean {s.mean_gamma:.2f})",
+        f"target passes            {s.target_passes}",
+        f"new tokens               {s.new_tokens}",
+        f"draft tokens             proposed {s.proposed}, checked {s.checked}, accepted {s.accepted}",
+        f"acceptance rate α        {s.alpha:.3f}",
+        f"tokens per target pass   {s.tokens_per_pass:.2f} (formula {s.expected_tokens_per_pass:.2f})",
+        f"accepted by position     {_ratios(s.accepted_by_position, s.checked_by_position)}",
+        f"accepted length hist     {s.accepted_length_hist}",
+        f"c (bytes)                {s.c_bytes:.3f}  ({s.draft_bytes / 1e6:.2f} MB / {s.target_bytes / 1e6:.2f} MB)",
+        f"c (time)                 {s.c_time:.3f}",
+        f"estimated speed-up       {s.estimated_speedup:.2f}× (c bytes), "
+        f"{estimated_speedup(s.alpha, round(s.mean_gamma), s.c_time):.2f}× (c time)",
+        f"time                     {s.time_total:.2f} s: draft {s.time_draft:.2f}, target {s.time_target:.2f}, "
+        f"other {s.time_other:.2f}",
+        f"tokens per second        {s.tokens_per_second:.1f}",
+    ]
+    if baseline_tps:
+        lines.append(f"measured speed-up        {s.tokens_per_second / baseline_tps:.2f}× "
+                     f"(plain decoding {baseline_tps:.1f} tok/s)")
+    return lines
+
+
+def _ratios(accepted: list[int], checked: list[int]) -> str:
+    return " ".join(f"{a / c:.2f}" if c else "-" for a, c in zip(accepted, checked, strict=False))
+
+
+def table(rows: list[dict], columns: list[str]) -> str:
+    """A plain fixed-width table."""
+    cells = [[_fmt(r.get(c)) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) if cells else len(c) for i, c in enumerate(columns)]
+    out = ["  ".join(c.rjust(w) for c, w in zip(columns, widths, strict=True))]
+    out += ["  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(out)
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def write_csv(rows: list[dict], path: str | Path) -> None:
+    rows = list(rows)
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else [])
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def dumps(data) -> str:
+    return json.dumps(data, indent=2, ensure_ascii=False)
+
+
+def plot_sweep(rows: list[dict], path: str | Path) -> None:
+    """The plate's figure: tokens per pass against γ (measured points, formula curve) and speed-up against γ."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as error:
+        raise HfspecError("plot: matplotlib is not installed; allowed: pip install 'hfspec[plot]'") from error
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for i, draft in enumerate(dict.fromkeys(r["draft"] for r in rows)):
+        pts = [r for r in rows if r["draft"] == draft and r["gamma"] != "auto"]
+        if not pts:
+            continue
+        colour = f"C{i}"
+        gs = [r["gamma"] for r in pts]
+        checked = sum(r["checked"] for r in pts)
+        alpha = sum(r["accepted"] for r in pts) / checked if checked else 0.0
+        c = pts[0]["c_bytes"]
+        curve = list(range(1, max(gs) + 1))
+        ax1.plot(gs, [r["tokens_per_pass"] for r in pts], "o", color=colour, label=f"{draft} measured")
+        ax1.plot(curve, [expected_tokens_per_pass(alpha, g) for g in curve], "-", color=colour, alpha=0.6,
+                 label=f"{draft} formula, α={alpha:.2f}")
+        ax2.plot(curve, [estimated_speedup(alpha, g, c) for g in curve], "-", color=colour, alpha=0.6,
+                 label=f"{draft} estimated, c={c:.2f}")
+        ax2.plot(gs, [r["measured_speedup"] for r in pts], "s", color=colour, label=f"{draft} measured (wall clock)")
+    ax1.set(xlabel="γ (draft tokens per round)", ylabel="tokens per target pass", title="Tokens per target pass")
+    ax2.set(xlabel="γ (draft tokens per round)", ylabel="speed-up over plain decoding (×)", title="Speed-up")
+    ax2.axhline(1.0, color="grey", lw=0.8, ls="--")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
