@@ -1,0 +1,42 @@
+"""Plain `generate`, HF assisted generation (same γ, constant schedule) and hfspec on the same pair.
+
+    python benchmarks/bench_engine.py --models stories260K,smollm2 --draft rtn4 --gamma 4
+
+Reports tokens/s and ratios measured side by side in one process (methods interleaved per repeat), and the
+share of hfspec's time spent outside model forwards.
+"""
+
+from __future__ import annotations
+
+import torch
+from common import load, model_folders, parser, prompt_ids
+
+import hfspec
+from hfspec.benchmark import compare_methods
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--draft", default="rtn4")
+    p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--temperatures", default="0,1")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    print("| model | draft | T | plain tok/s | HF assisted tok/s | hfspec tok/s | hfspec / plain | hfspec / assisted "
+          "| α | time outside forwards |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, folder in model_folders(args).items():
+        target, tokenizer = load(folder)
+        draft = hfspec.make_draft(target, args.draft)
+        ids = prompt_ids(tokenizer)
+        for temperature in (float(t) for t in args.temperatures.split(",")):
+            r = compare_methods(target, draft, ids, gamma=args.gamma, temperature=temperature,
+                                max_new_tokens=args.max_new_tokens, repeats=args.repeats, seed=args.seed)
+            tps = r["tokens_per_second"]
+            print(f"| {name} | {args.draft} | {temperature:g} | {tps['plain generate']:.1f} | {tps['HF assisted']:.1f} "
+                  f"| {tps['hfspec']:.1f} | {r['speedup_vs_plain']['hfspec']:.2f}× | {r['hfspec_vs_assisted']:.2f}× "
+                  f"| {r['alpha']:.3f} | {r['hfspec_time_split']['other']:.1%} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
