@@ -71,7 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true")
 
     sub.add_parser("presets", help="list the presets")
-    sub.add_parser("gui", help="open the dashboard")
+    gui = sub.add_parser("gui", help="open the dashboard")
+    gui.add_argument("--preset", help="start with this preset")
+    gui.add_argument("--run", action="store_true", help="start a run at once")
     return parser
 
 
@@ -209,7 +211,7 @@ def cmd_gui(args) -> int:
     except ImportError as error:
         raise HfspecError(f"gui: the dashboard needs PySide6 and pyqtgraph ({error}); allowed: "
                           "pip install 'hfspec[gui]'") from error
-    return gui_main([])
+    return gui_main((["--preset", args.preset] if args.preset else []) + (["--run"] if args.run else []))
 
 
 COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "compare": cmd_compare, "bench": cmd_bench,

@@ -26,10 +26,14 @@ class Scorer:
     """Processes [B, k, V] logits that follow a [B, L] context into probabilities."""
 
     def __init__(self, processors: LogitsProcessorList | None, do_sample: bool, vocab_size: int):
-        self.processors = processors if processors is not None else LogitsProcessorList()
+        processors = list(processors or [])
         self.do_sample = do_sample
         self.vocab_size = vocab_size
-        self.needs_history = any(not isinstance(proc, _POSITION_FREE) for proc in self.processors)
+        # Processors up to the last history-dependent one run position by position; the position-free rest
+        # (usually the warpers) run once over all positions.
+        last = max((i for i, proc in enumerate(processors) if not isinstance(proc, _POSITION_FREE)), default=-1)
+        self.per_position, self.batched = processors[: last + 1], processors[last + 1 :]
+        self.needs_history = bool(self.per_position)
 
     def probs(self, context: torch.Tensor | None, extra: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """Distributions for positions following `context + extra[:, :j]`, j = 0..k-1.
@@ -37,18 +41,24 @@ class Scorer:
         context: [B, L] token history (only read when a processor needs it), extra: [B, ≥k-1] tokens,
         logits: [B, k, V'] raw logits (V' may differ from the target's V: padded or cut to V).
         """
-        logits = fit_vocab(logits.float(), self.vocab_size)
-        batch, k, vocab = logits.shape
-        if not self.processors:
-            scores = logits
-        elif not self.needs_history:
-            scores = self.processors(context, logits.reshape(batch * k, vocab)).reshape(batch, k, vocab)
-        else:
+        scores = fit_vocab(logits.float(), self.vocab_size)
+        batch, k, vocab = scores.shape
+        if self.per_position:
             scores = torch.stack(
-                [self.processors(torch.cat([context, extra[:, :j]], dim=1), logits[:, j]) for j in range(k)],
+                [_apply(self.per_position, torch.cat([context, extra[:, :j]], dim=1), scores[:, j]) for j in range(k)],
                 dim=1,
             )
+        if self.batched:
+            ids = context if context is not None else extra
+            scores = _apply(self.batched, ids, scores.reshape(batch * k, vocab)).reshape(batch, k, vocab)
         return scores_to_probs(scores, self.do_sample)
+
+
+def _apply(processors: list, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """Call each processor in order (what LogitsProcessorList does, without its per-call signature lookup)."""
+    for proc in processors:
+        scores = proc(input_ids, scores)
+    return scores
 
 
 def fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:

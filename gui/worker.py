@@ -1,0 +1,149 @@
+"""Model work off the GUI thread: a Worker QObject on a QThread, and the controller that owns both.
+
+The worker never touches a widget: it reports through signals (queued to the GUI thread) and pushes live
+snapshots into a lock-protected `LiveBuffer`, which the controller drains with a QTimer at ~20 Hz (data rate
+and redraw rate are independent, as in pglive). Stop is a `threading.Event` the engine polls every round.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from dataclasses import dataclass, field
+
+from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
+
+from hfspec.errors import HfspecError
+from hfspec.session import Cancelled, LiveBuffer, RunSettings, Session
+
+REDRAW_MS = 50  # ~20 Hz
+
+
+@dataclass
+class Job:
+    """kind: "run" | "sweep" | "compare"."""
+
+    kind: str
+    settings: RunSettings
+    gammas: list[int] = field(default_factory=list)
+    drafts: list[str] = field(default_factory=list)
+
+
+class Worker(QObject):
+    """Runs jobs from hfspec.session in its own thread; results only as signals."""
+
+    status = Signal(str)            # a line for the status bar
+    generating = Signal()           # models are loaded, decoding started
+    item = Signal(object)           # a SweepPoint or CompareRow as it completes
+    result = Signal(object)         # RunResult | SweepResult | list[CompareRow]
+    failed = Signal(str, str)       # title, message
+    cancelled = Signal()
+    finished = Signal()             # after every job, whatever the outcome
+
+    def __init__(self, session: Session, buffer: LiveBuffer, stop: threading.Event):
+        super().__init__()
+        self.session = session
+        self.buffer = buffer
+        self.stop_event = stop
+
+    @Slot(object)
+    def start(self, job: Job) -> None:
+        started = {"yes": False}
+        should_stop = self.stop_event.is_set
+
+        def on_live(snapshot):
+            if not started["yes"]:
+                started["yes"] = True
+                self.generating.emit()
+            self.buffer.push(snapshot)
+
+        try:
+            if job.kind == "run":
+                out = self.session.run(job.settings, on_live=on_live, should_stop=should_stop,
+                                       progress=self.status.emit)
+            elif job.kind == "sweep":
+                out = self.session.sweep(job.settings, job.gammas, job.drafts or None, on_point=self.item.emit,
+                                         should_stop=should_stop, progress=self.status.emit)
+            elif job.kind == "compare":
+                out = self.session.compare(job.settings, job.drafts, on_row=self.item.emit,
+                                           should_stop=should_stop, progress=self.status.emit)
+            else:
+                raise HfspecError(f"job kind: got {job.kind!r}; allowed: run, sweep, compare")
+        except Cancelled:
+            self.cancelled.emit()
+        except HfspecError as exc:
+            self.failed.emit("hfspec", str(exc))
+        except Exception as exc:  # noqa: BLE001 - any failure is reported; the app keeps running
+            self.failed.emit(f"{type(exc).__name__}", f"{exc}\n\n{traceback.format_exc(limit=6)}")
+        else:
+            self.result.emit(out)
+        finally:
+            self.finished.emit()
+
+
+class RunController(QObject):
+    """Owns the worker thread, the live buffer and the redraw timer. Used from the GUI thread only."""
+
+    busy_changed = Signal(bool)
+    live = Signal(list)             # LiveSnapshots since the last tick
+    result = Signal(object)         # the worker's result, after the last live snapshots
+    done = Signal()                 # a job ended (result, failure or cancel), no longer busy
+    _request = Signal(object)
+
+    def __init__(self, session: Session | None = None, parent=None):
+        super().__init__(parent)
+        self.session = session or Session()
+        self.buffer = LiveBuffer()
+        self.stop_event = threading.Event()
+        self.thread = QThread()
+        self.thread.setObjectName("hfspec-worker")
+        self.worker = Worker(self.session, self.buffer, self.stop_event)
+        self.worker.moveToThread(self.thread)
+        self._request.connect(self.worker.start)
+        self.worker.result.connect(self._result)
+        self.worker.finished.connect(self._finished)
+        self.timer = QTimer(self)
+        self.timer.setInterval(REDRAW_MS)
+        self.timer.timeout.connect(self._tick)
+        self.thread.start()
+        self.busy = False
+        self.job: Job | None = None
+
+    def start(self, job: Job) -> bool:
+        if self.busy:
+            return False
+        self.busy = True
+        self.job = job
+        self.stop_event.clear()
+        self.buffer.clear()
+        self.timer.start()
+        self.busy_changed.emit(True)
+        self._request.emit(job)
+        return True
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    def shutdown(self, timeout_ms: int = 30_000) -> None:
+        """Stop any job and end the thread (call before the window goes away)."""
+        self.stop_event.set()
+        self.timer.stop()
+        if self.thread.isRunning():
+            self.thread.quit()
+            self.thread.wait(timeout_ms)
+
+    def _tick(self) -> None:
+        items = self.buffer.drain()
+        if items:
+            self.live.emit(items)
+
+    def _result(self, out) -> None:
+        self._tick()  # whatever arrived after the last tick comes before the result
+        self.result.emit(out)
+
+    def _finished(self) -> None:
+        self._tick()
+        self.timer.stop()
+        self.busy = False
+        self.busy_changed.emit(False)
+        self.done.emit()

@@ -1,0 +1,60 @@
+"""The command line on the embedded micro pair: run, sweep --json/--csv/--plot, compare, errors."""
+
+import json
+
+import pytest
+
+from hfspec.cli import main
+from hfspec.sweep import FIELDS, parse_gammas
+
+
+def test_sweep_json_has_every_field_for_every_gamma(capsys, tmp_path):
+    csv_path, png = tmp_path / "sweep.csv", tmp_path / "sweep.png"
+    code = main(["sweep", "--preset", "micro-rtn4", "--gammas", "1-3", "--temperature", "1", "--prompt",
+                 "The attention", "--max-new-tokens", "12", "--seed", "1", "--json", "--csv", str(csv_path),
+                 "--plot", str(png)])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [row["gamma"] for row in data["rows"]] == [1, 2, 3]
+    for row in data["rows"]:
+        assert set(FIELDS) <= set(row)
+        assert row["greedy_identical"] == 1
+        assert row["new_tokens"] == 12 and 0 <= row["alpha"] <= 1
+        assert row["c_bytes"] < 0.2
+    assert csv_path.read_text().count("\n") == 4
+    assert png.stat().st_size > 10_000
+
+
+def test_run_prints_text_and_statistics(capsys):
+    assert main(["run", "--preset", "micro-rtn4", "--max-new-tokens", "10", "--no-baseline", "--no-color"]) == 0
+    out = capsys.readouterr().out
+    assert "acceptance rate α" in out and "tokens per target pass" in out
+
+
+def test_compare_two_drafts(capsys):
+    code = main(["compare", "--preset", "micro-rtn4", "--drafts", "rtn4,rtn3", "--max-new-tokens", "8", "--json"])
+    assert code == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["draft"] for r in rows] == ["rtn4", "rtn3"]
+
+
+@pytest.mark.parametrize(
+    "argv, field",
+    [
+        (["sweep", "--gammas", "0-3"], "gammas"),
+        (["sweep", "--gammas", "x"], "gammas"),
+        (["run", "--preset", "no-such-preset"], "no-such-preset"),
+        (["run", "--draft", "rtn9"], "rtn9"),
+        (["run", "--temperature", "-1"], "temperature"),
+        (["run", "--target", "/no/such/folder"], "target"),
+    ],
+)
+def test_bad_input_is_a_clear_error(capsys, argv, field):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "hfspec: error:" in err and field in err and "Traceback" not in err
+
+
+def test_parse_gammas():
+    assert parse_gammas("1-4,auto") == [1, 2, 3, 4, "auto"]
+    assert parse_gammas("2,5") == [2, 5]
