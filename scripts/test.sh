@@ -7,7 +7,7 @@ VENV="${HFSPEC_VENV:-.venv}"
 . "$VENV/bin/activate"
 python -m pip install -q --upgrade pip
 python -m pip install -q "torch==2.13.0"
-python -m pip install -q -e ".[gui,bnb,gguf,test]"
+python -m pip install -q -e ".[gui,bnb,gguf,plot,test]"
 ruff check .
 export QT_QPA_PLATFORM=offscreen HF_HUB_OFFLINE=1
 python -m pytest -q -p no:cacheprovider "$@"

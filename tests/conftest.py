@@ -14,7 +14,7 @@ SHARED = Path(__file__).resolve().parents[2] / "shared" / "models"
 
 @pytest.fixture(autouse=True)
 def _threads():
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)  # tiny models: one thread is fastest and robust to a busy machine
 
 
 def shared_model(name: str) -> Path:

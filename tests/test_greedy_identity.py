@@ -9,17 +9,25 @@ import hfspec
 ARCHS = ["gpt2", "llama", "qwen2", "gpt_neox", "opt"]
 
 
+IDS = torch.tensor([[0, 5, 17, 33, 9]])
+
+
 @pytest.fixture(scope="module", params=ARCHS)
 def pair(request):
     target = build(request.param, init=0.2)
     return target, perturbed(target, scale=0.5)
 
 
+@pytest.fixture(scope="module")
+def expected(pair):
+    """The target's own greedy text (transformers' generate), computed once per architecture."""
+    return pair[0].generate(IDS, do_sample=False, max_new_tokens=200, min_new_tokens=200)
+
+
 @pytest.mark.parametrize("gamma", [1, 3, 8])
-def test_greedy_identity(pair, gamma):
+def test_greedy_identity(pair, expected, gamma):
     target, draft = pair
-    ids = torch.tensor([[0, 5, 17, 33, 9]])
-    expected = target.generate(ids, do_sample=False, max_new_tokens=200, min_new_tokens=200)
+    ids = IDS
     out = hfspec.generate(target, ids, draft=draft, gamma=gamma, temperature=0, max_new_tokens=200,
                           min_new_tokens=200)
     assert out.sequences.shape == expected.shape
