@@ -78,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _settings(args, **extra):
+    from hfspec.drafts import parse_draft_spec
     from hfspec.session import RunSettings
 
     overrides = {k: v for k, v in {
@@ -85,8 +86,11 @@ def _settings(args, **extra):
         "top_p": args.top_p, "max_new_tokens": args.max_new_tokens, "seed": args.seed, "prompt": args.prompt,
         "gamma": getattr(args, "gamma", None),
     }.items() if v is not None}
-    settings = RunSettings.from_preset(args.preset, **overrides)
-    return replace(settings, **extra).validated()
+    settings = replace(RunSettings.from_preset(args.preset, **overrides), **extra).validated()
+    for spec in (getattr(args, "drafts", None) or settings.draft).split(","):
+        if spec.strip():
+            parse_draft_spec(spec.strip())  # a bad spec fails here, before any model loads
+    return settings
 
 
 def _session(args):

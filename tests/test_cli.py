@@ -44,7 +44,8 @@ def test_compare_two_drafts(capsys):
         (["sweep", "--gammas", "0-3"], "gammas"),
         (["sweep", "--gammas", "x"], "gammas"),
         (["run", "--preset", "no-such-preset"], "no-such-preset"),
-        (["run", "--draft", "rtn9"], "rtn9"),
+        (["run", "--draft", "rtn9"], "draft: bits must be 2..8, got 9"),
+        (["sweep", "--drafts", "rtn4,bnb-nf9"], "bnb-nf9"),
         (["run", "--temperature", "-1"], "temperature"),
         (["run", "--target", "/no/such/folder"], "target"),
     ],
@@ -53,6 +54,8 @@ def test_bad_input_is_a_clear_error(capsys, argv, field):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "hfspec: error:" in err and field in err and "Traceback" not in err
+    if field != "target":
+        assert "loading" not in err, "the mistake must be caught before any model loads"
 
 
 def test_parse_gammas():
