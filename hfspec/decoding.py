@@ -103,7 +103,7 @@ def decode(
         room = max(stopper.budget(prompt_len + len(out[row])) for row in active)
         gamma = max(0, min(policy.next(), room - 1)) if d_model is not None else 0
         start = slots.size
-        context = _right_justified([history(r) for r in active], pad_token_id) if scorer.needs_history else None
+        groups = _history_groups([history(r) for r in active], slots.tokens.device) if scorer.needs_history else None
 
         # Draft: γ tokens, one forward each (the first also catches up on slots the draft has not seen).
         d_seconds, d_forwards = (d_model.seconds, d_model.forwards) if d_model else (0.0, 0)
@@ -114,7 +114,7 @@ def decode(
             if draft_vocab is not None and draft_vocab < logits.shape[-1]:
                 logits[..., draft_vocab:] = -float("inf")
             x_so_far = _stack(x_steps, slots.tokens)
-            ctx = torch.cat([context, x_so_far], dim=1) if context is not None else None
+            ctx = [(rows, torch.cat([ids, x_so_far[rows]], dim=1)) for rows, ids in groups] if groups else None
             q_j = scorer.probs(ctx, x_so_far, logits)[:, 0]
             x_j = sample(q_j, generator) if scorer.do_sample else q_j.argmax(-1)
             q_steps.append(q_j)
@@ -125,7 +125,7 @@ def decode(
         # Target: one forward over everything it has not seen, distributions at γ + 1 positions.
         t_seconds = t_model.seconds
         logits = t_model.feed(slots.tokens, slots.positions, slots.valid, start + gamma, gamma + 1, slots.all_valid)
-        p = scorer.probs(context, x, logits.to(input_ids.device))
+        p = scorer.probs(groups, x, logits.to(input_ids.device))
         q = torch.stack(q_steps, dim=1) if q_steps else p[:, :0]
         n, token = verify(p, q, x, generator)
 
@@ -186,13 +186,14 @@ def _stack(steps: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
     return torch.stack(steps, dim=1) if steps else like.new_empty((like.shape[0], 0))
 
 
-def _right_justified(rows: list[torch.Tensor], pad: int) -> torch.Tensor:
-    """Stack ragged rows into [B, L], left-padded (how HF's logits processors see a batch)."""
-    width = max(r.shape[0] for r in rows)
-    out = rows[0].new_full((len(rows), width), pad)
-    for i, r in enumerate(rows):
-        out[i, width - r.shape[0] :] = r
-    return out
+def _history_groups(histories: list[torch.Tensor], device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Rows grouped by history length: (row indices, [rows, length] ids). Rows of a batch advance by different
+    amounts, and processors that read the length (min_new_tokens, ...) must see each row's own."""
+    by_length: dict[int, list[int]] = {}
+    for i, h in enumerate(histories):
+        by_length.setdefault(h.shape[0], []).append(i)
+    return [(torch.tensor(rows, device=device), torch.stack([histories[i] for i in rows]))
+            for rows in by_length.values()]
 
 
 def _copy_model_stats(stats: SpecStats, t_model: CachedModel, d_model: CachedModel | None, began: float) -> None:

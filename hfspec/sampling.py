@@ -55,8 +55,15 @@ def warp(
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token per row of a [B, V] distribution."""
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    """One token per row of a [B, V] distribution (unnormalised is fine), by inverting the CDF.
+
+    Exact like `torch.multinomial`, several times faster on large vocabularies. A token with zero mass can
+    never be drawn: u lies in [cdf[i-1], cdf[i]) only when cdf[i] > cdf[i-1].
+    """
+    cdf = probs.double().cumsum(-1)
+    u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device, dtype=torch.float64) * cdf[:, -1:]
+    token = torch.searchsorted(cdf, u, right=True).squeeze(-1)
+    return token.clamp_max(probs.shape[-1] - 1)
 
 
 def accept_draft(p_x: torch.Tensor, q_x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:

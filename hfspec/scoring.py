@@ -35,22 +35,24 @@ class Scorer:
         self.per_position, self.batched = processors[: last + 1], processors[last + 1 :]
         self.needs_history = bool(self.per_position)
 
-    def probs(self, context: torch.Tensor | None, extra: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        """Distributions for positions following `context + extra[:, :j]`, j = 0..k-1.
+    def probs(self, history: list | None, extra: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """Distributions for positions following each row's history + extra[:, :j], j = 0..k-1.
 
-        context: [B, L] token history (only read when a processor needs it), extra: [B, ≥k-1] tokens,
-        logits: [B, k, V'] raw logits (V' may differ from the target's V: padded or cut to V).
+        history: (rows, ids) groups of rows with equally long histories (only read when a processor needs
+        it: length-dependent processors such as min_new_tokens must see each row's own length),
+        extra: [B, ≥k-1] tokens, logits: [B, k, V'] raw logits (V' is padded or cut to the target's V).
         """
         scores = fit_vocab(logits.float(), self.vocab_size)
         batch, k, vocab = scores.shape
         if self.per_position:
-            scores = torch.stack(
-                [_apply(self.per_position, torch.cat([context, extra[:, :j]], dim=1), scores[:, j]) for j in range(k)],
-                dim=1,
-            )
+            out = torch.empty_like(scores)
+            for rows, ids in history:
+                for j in range(k):
+                    context = torch.cat([ids, extra[rows, :j]], dim=1)
+                    out[rows, j] = _apply(self.per_position, context, scores[rows, j])
+            scores = out
         if self.batched:
-            ids = context if context is not None else extra
-            scores = _apply(self.batched, ids, scores.reshape(batch * k, vocab)).reshape(batch, k, vocab)
+            scores = _apply(self.batched, extra, scores.reshape(batch * k, vocab)).reshape(batch, k, vocab)
         return scores_to_probs(scores, self.do_sample)
 
 

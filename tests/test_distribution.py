@@ -77,6 +77,7 @@ def run(target, draft, prompts, gamma, seed, **sampling_kwargs):
     out = hfspec.generate(target, ids, attention_mask=mask, draft=draft, gamma=gamma, max_new_tokens=NEW,
                           min_new_tokens=NEW, seed=seed, pad_token_id=2, **sampling_kwargs)
     new = out.sequences[:, width:]
+    assert not (new == 1).any(), "min_new_tokens masks EOS for every row, whatever its progress in the batch"
     return [new[i :: len(prompts)] for i in range(len(prompts))], out.stats
 
 
@@ -89,9 +90,9 @@ SETTINGS = [
 
 
 @pytest.mark.parametrize("settings", SETTINGS, ids=lambda s: "-".join(f"{k}{v}" for k, v in s.items()))
-def test_matches_target_law(pair, settings):
+@pytest.mark.parametrize("prompt", [[0, 3], [0, 3, 5]])
+def test_matches_target_law(pair, settings, prompt):
     target, draft = pair
-    prompt = [0, 3, 5]
     (samples,), stats = run(target, draft, [prompt], gamma=4, seed=11, **settings)
     assert 0.05 < stats.alpha < 0.95, "the draft must be different enough for rejections and acceptances"
     assert p_value(samples, exact_law(target, prompt, **settings)) > 1e-3

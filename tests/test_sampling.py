@@ -73,3 +73,17 @@ def test_warp_matches_transformers_warpers():
     hf = LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(10), TopPLogitsWarper(0.8)])
     expected = hf(torch.zeros(4, 1, dtype=torch.long), logits.clone()).softmax(-1)
     assert torch.allclose(warp(logits, 0.7, 10, 0.8), expected, atol=1e-6)
+
+
+def test_sample_matches_the_distribution_and_never_draws_zero_mass():
+    from scipy.stats import chisquare
+
+    from hfspec.sampling import sample
+
+    probs = torch.tensor([[0.0, 0.1, 0.0, 0.6, 0.3, 0.0]]).expand(60000, 6)
+    tokens = sample(probs, torch.Generator().manual_seed(1))
+    counts = torch.bincount(tokens, minlength=6)
+    assert counts[[0, 2, 5]].sum() == 0
+    assert chisquare(counts[[1, 3, 4]].numpy(), (probs[0, [1, 3, 4]] * 60000).numpy()).pvalue > 1e-3
+    edge = torch.tensor([[0.0, 0.0, 1.0, 0.0]])
+    assert sample(edge.expand(1000, 4)).eq(2).all()
