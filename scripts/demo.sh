@@ -2,12 +2,7 @@
 # The main job on the embedded default, offline: set up a venv, sweep γ on the micro pair, then one run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV="${HFSPEC_VENV:-.venv}"
-[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-. "$VENV/bin/activate"
-python -m pip install -q --upgrade pip
-python -m pip install -q "torch==2.13.0"
-python -m pip install -q -e ".[plot]"
+. scripts/venv.sh "plot"
 export HF_HUB_OFFLINE=1
 hfspec sweep --preset micro-rtn4 --drafts rtn4,rtn3 --gammas 1-8 --temperature 1 --prompt "The attention" \
     --max-new-tokens 200 --seed 1 --repeats 5 --plot sweep.png --csv sweep.csv
