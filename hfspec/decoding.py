@@ -135,7 +135,7 @@ def decode(
         for i, row in enumerate(active):
             accepted = n_list[i]
             tokens = x_list[i][:accepted] + [token_list[i]]
-            last = "target" if d_model is None else ("bonus" if accepted == gamma else "resampled")
+            last = "target" if gamma == 0 else ("bonus" if accepted == gamma else "resampled")
             keep, done = stopper.commit(prompt_len + len(out[row]), tokens, lambda row=row: history(row))
             out[row].extend(tokens[:keep])
             row_kinds = (["accepted"] * accepted + [last])[:keep]

@@ -5,7 +5,7 @@ The choice for a round is made before the target sees that round, so it cannot b
 
 from __future__ import annotations
 
-from hfspec.stats import optimal_gamma
+from hfspec.stats import estimated_speedup, optimal_gamma
 
 
 class FixedGamma:
@@ -27,16 +27,21 @@ class AdaptiveGamma:
 
     α: accepted / checked over recent rounds (exponential decay, with a weak prior of α = 0.5).
     c: mean draft forward time / mean target forward time over recent rounds, starting from the bytes ratio.
+    When no γ ≥ 1 is expected to beat plain decoding (speed-up < 1, e.g. a draft that is not really cheaper),
+    it decodes plainly (γ = 0) and probes with γ = 1 every `probe_every` rounds to keep α and c fresh.
     """
 
-    def __init__(self, gamma_max: int = 16, c_prior: float = 0.2, decay: float = 0.95, start: int = 4):
+    def __init__(self, gamma_max: int = 16, c_prior: float = 0.2, decay: float = 0.95, start: int = 4,
+                 probe_every: int = 8):
         self.gamma_max = gamma_max
         self.decay = decay
+        self.probe_every = probe_every
         self.label = "auto"
         self._accepted, self._checked = 1.0, 2.0
         self._c = c_prior if c_prior > 0 else 0.2
         self._gamma = min(start, gamma_max)
         self._rounds = 0
+        self._plain_rounds = 0
 
     @property
     def alpha(self) -> float:
@@ -52,9 +57,16 @@ class AdaptiveGamma:
     def update(self, gamma: int, accepted: int, checked: int, draft_seconds: float, target_seconds: float) -> None:
         """Learn from one round (its γ, accepted/checked counts, per-forward times) and choose the next γ."""
         self._rounds += 1
+        if gamma == 0:
+            self._plain_rounds += 1
+            self._gamma = 1 if self._plain_rounds >= self.probe_every else 0
+            return
+        self._plain_rounds = 0
         self._accepted = self.decay * self._accepted + accepted
         self._checked = self.decay * self._checked + checked
-        if self._rounds > 1 and gamma > 0 and draft_seconds > 0 and target_seconds > 0:
+        if self._rounds > 1 and draft_seconds > 0 and target_seconds > 0:
             measured = draft_seconds / target_seconds
             self._c = 0.8 * self._c + 0.2 * measured
-        self._gamma = optimal_gamma(min(self.alpha, 0.999), self._c, self.gamma_max)
+        alpha = min(self.alpha, 0.999)
+        best = optimal_gamma(alpha, self._c, self.gamma_max)
+        self._gamma = best if estimated_speedup(alpha, best, self._c) > 1.0 else 0

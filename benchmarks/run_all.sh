@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Run every benchmark one after another (never in parallel: they time each other) and keep the tables.
+# Needs ../shared/models (stories260K) and SmolLM2-135M made by ../shared/models/get-smollm2.sh into $SMOLLM2.
+set -euo pipefail
+cd "$(dirname "$0")"
+OUT="${OUT:-results}"
+SMOLLM2="${SMOLLM2:-/tmp/smollm2/hf}"
+mkdir -p "$OUT"
+export HF_HUB_OFFLINE=1
+python bench_engine.py --models stories260K,smollm2 --smollm2 "$SMOLLM2" --draft rtn4 --gamma 4 \
+    --max-new-tokens 128 --repeats 3 | tee "$OUT/engine.md"
+(cd .. && hfspec sweep --preset micro-rtn4 --drafts rtn4,rtn3,presets/models/nano --gammas 1-8 --temperature 1 \
+    --prompt "The attention" --max-new-tokens 200 --seed 1 --repeats 5 --json --csv "benchmarks/$OUT/sweep_micro.csv" \
+    --plot "benchmarks/$OUT/sweep_micro.png") > "$OUT/sweep_micro.json"
+python bench_batch.py --models micro,smollm2 --smollm2 "$SMOLLM2" --batches 1,4,16 --draft rtn4 --gamma 4 \
+    --max-new-tokens 64 --repeats 2 | tee "$OUT/batch.md"
+python bench_adaptive.py --models micro --drafts rtn4,rtn3,../presets/models/nano --gammas 1-8 \
+    --max-new-tokens 128 --repeats 3 | tee "$OUT/adaptive_micro.md"
+python bench_adaptive.py --models smollm2 --smollm2 "$SMOLLM2" --drafts rtn4 --gammas 1-6 \
+    --max-new-tokens 96 --repeats 2 | tee "$OUT/adaptive_smollm2.md"
+python bench_memory.py | tee "$OUT/memory.md"
