@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(run)
     run.add_argument("--gamma", type=_gamma)
     run.add_argument("--no-baseline", action="store_true", help="skip the plain run (measured speed-up)")
+    run.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-new-tokens tokens")
     run.add_argument("--json", action="store_true", help="print statistics as JSON")
     run.add_argument("--no-color", action="store_true")
 
@@ -106,7 +107,7 @@ def _say(message: str) -> None:
 def cmd_run(args) -> int:
     from hfspec import report
 
-    settings = _settings(args, measure_baseline=not args.no_baseline)
+    settings = _settings(args, measure_baseline=not args.no_baseline, ignore_eos=args.ignore_eos)
     result = _session(args).run(settings, progress=_say)
     base = result.baseline.tokens_per_second if result.baseline else None
     if args.json:

@@ -56,6 +56,7 @@ class RunSettings:
     preset: str = ""
     chat: bool = False
     measure_baseline: bool = True
+    ignore_eos: bool = False  # generate exactly max_new_tokens (EOS masked, as min_new_tokens does)
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> RunSettings:
@@ -100,7 +101,7 @@ class RunSettings:
             "top_p": None if self.top_p >= 1.0 else float(self.top_p),
             "max_new_tokens": int(self.max_new_tokens),
             "seed": int(self.seed),
-        }
+        } | ({"min_new_tokens": int(self.max_new_tokens)} if self.ignore_eos else {})
 
     def generate_kwargs(self) -> dict:
         return {"gamma": self.gamma, **self.sampling_kwargs()}
@@ -494,6 +495,8 @@ class Session:
                 progress(f"baseline: plain decoding of {n} tokens…")
             ids = self.encode(settings, tokenizer)
             kwargs = settings.sampling_kwargs() | {"max_new_tokens": n}
+            if settings.ignore_eos:
+                kwargs["min_new_tokens"] = n
             out = hfspec.plain_generate(target, ids, should_stop=should_stop, **kwargs)
             if out.stats.stopped or not out.stats.new_tokens:
                 return None
@@ -506,7 +509,8 @@ class Session:
     @staticmethod
     def _baseline_key(settings: RunSettings, n: int) -> tuple:
         s = settings
-        return (_norm(s.target), s.prompt, s.chat, float(s.temperature), int(s.top_k), float(s.top_p), int(s.seed), n)
+        return (_norm(s.target), s.prompt, s.chat, float(s.temperature), int(s.top_k), float(s.top_p), int(s.seed), n,
+                bool(s.ignore_eos))
 
     # -------------------------------------------------------------- sweep and compare
     def sweep(self, settings: RunSettings, gammas: Iterable[int], drafts: Iterable[str] | None = None,
