@@ -61,3 +61,13 @@ def test_bad_input_is_a_clear_error(capsys, argv, field):
 def test_parse_gammas():
     assert parse_gammas("1-4,auto") == [1, 2, 3, 4, "auto"]
     assert parse_gammas("2,5") == [2, 5]
+
+
+def test_bench_compares_three_methods(capsys):
+    code = main(["bench", "--preset", "micro-nano", "--max-new-tokens", "8", "--repeats", "1", "--temperature", "0",
+                 "--json"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert set(result["tokens_per_second"]) == {"plain generate", "HF assisted", "hfspec"}
+    assert result["speedup_vs_plain"]["plain generate"] == 1.0
+    assert 0 <= result["alpha"] <= 1 and 0 <= result["hfspec_time_split"]["other"] <= 1
