@@ -6,6 +6,8 @@ the output layer stay in float and are shared with the target (no copy).
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
@@ -24,9 +26,31 @@ def _import_bnb():
     return bitsandbytes
 
 
+class _OnceFilter(logging.Filter):
+    """Let each distinct message through once: bitsandbytes logs its int8 cast warning on every forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message in self.seen:
+            return False
+        self.seen.add(message)
+        return True
+
+
+def _quiet_repeated_bnb_warnings() -> None:
+    logger = logging.getLogger("bitsandbytes.autograd._functions")
+    if not any(isinstance(f, _OnceFilter) for f in logger.filters):
+        logger.addFilter(_OnceFilter())
+
+
 def make_bnb_draft(target: nn.Module, bnb_type: str) -> nn.Module:
     """Copy of `target` with bitsandbytes `bnb_type` ("nf4" | "fp4" | "int8") layers; checked by one forward each."""
     bnb = _import_bnb()
+    _quiet_repeated_bnb_warnings()
     output = target.get_output_embeddings() if hasattr(target, "get_output_embeddings") else None
     layers = [(n, m) for n, m in weight_matrices(target)
               if not isinstance(m, nn.Embedding) and m is not output]
