@@ -189,19 +189,7 @@ def _policy(gamma, stats: SpecStats):
 
 
 def weight_bytes(model) -> int:
-    """Bytes of a model's weights (packed storage counted as stored; shared tensors once)."""
-    if model is None:
-        return 0
-    try:
-        from hfspec.drafts import weight_bytes as draft_weight_bytes
-    except ImportError:
-        draft_weight_bytes = None
-    if draft_weight_bytes is not None:
-        return int(draft_weight_bytes(model))
-    seen, total = set(), 0
-    for tensor in list(model.parameters()) + list(model.buffers()):
-        if tensor.data_ptr() in seen or tensor.device.type == "meta":
-            continue
-        seen.add(tensor.data_ptr())
-        total += tensor.numel() * tensor.element_size()
-    return total
+    """Bytes of a model's weights (packed storage counted as stored; shared tensors once); 0 for no model."""
+    from hfspec.drafts import weight_bytes as draft_weight_bytes
+
+    return 0 if model is None else int(draft_weight_bytes(model))

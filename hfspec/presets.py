@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from hfspec.errors import HfspecError
+from hfspec.validate import GAMMA_MAX
 
 try:  # Python >= 3.11
     import tomllib as _toml
@@ -73,10 +74,8 @@ _FIELDS: dict[str, tuple[tuple[type, ...], Any]] = {
     "needs_download": ((bool,), REQUIRED),
 }
 ALLOWED_KEYS = tuple(_FIELDS)
-GAMMA_MAX = 64
 _RTN = re.compile(r"rtn(\d+)(?:-g(\d+))?")
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-_DRAFT_ALLOWED = "rtn2..rtn8[-gN], bnb-nf4, bnb-fp4, bnb-int8, or a model folder / hub id"
 
 
 # ---------------------------------------------------------------------------------------------- locating
@@ -309,25 +308,14 @@ def _resolve_draft(where: str, value: str, base: Path, needs_download: bool) -> 
     text = value.strip()
     low = text.lower()
     if low.startswith(("rtn", "bnb")):
-        try:
-            from hfspec.drafts import parse_draft_spec
-        except ImportError:  # drafts package not importable (e.g. optional deps missing): local grammar
-            parse_draft_spec = _parse_spec_locally
+        from hfspec.drafts import parse_draft_spec
+
         try:
             parse_draft_spec(low)
         except HfspecError as exc:
             raise HfspecError(f"{where}: {exc}") from exc
         return low
     return _resolve_model(where, "draft", text, base, needs_download)
-
-
-def _parse_spec_locally(spec: str) -> None:
-    m = _RTN.fullmatch(spec)
-    if m and 2 <= int(m.group(1)) <= 8 and (m.group(2) is None or 8 <= int(m.group(2)) <= 8192):
-        return
-    if spec in ("bnb-nf4", "bnb-fp4", "bnb-int8"):
-        return
-    raise HfspecError(f"draft: unknown spec {spec!r}; allowed specs: {_DRAFT_ALLOWED}")
 
 
 # ---------------------------------------------------------------------------------------------------- TOML

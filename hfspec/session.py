@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from hfspec.errors import HfspecError
 from hfspec.stats import SpecStats, estimated_speedup, expected_tokens_per_pass
+from hfspec.validate import check_gamma
 
 GAMMA_MAX = 16
 ROLLING_WINDOW = 16  # target passes in the rolling acceptance rate
@@ -76,9 +77,7 @@ class RunSettings:
             raise HfspecError("target: empty; allowed: a model folder, a hub id (owner/name) or a .gguf file")
         if not str(self.draft).strip():
             raise HfspecError("draft: empty; allowed: rtnB[-gN], bnb-nf4|fp4|int8, or a sibling folder / hub id")
-        g = self.gamma
-        if not (g == "auto" or isinstance(g, int) and not isinstance(g, bool) and 1 <= g <= 64):
-            raise HfspecError(f"gamma: got {g!r}; allowed: an integer from 1 to 64, or 'auto'")
+        check_gamma(self.gamma)
         if self.temperature < 0:
             raise HfspecError(f"temperature: got {self.temperature!r}; allowed: >= 0 (0 is greedy)")
         if self.top_k < 0:
