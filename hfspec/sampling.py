@@ -106,3 +106,13 @@ def verify(
     q_padded = torch.cat([q, torch.zeros_like(p[:, :1])], dim=1)  # q at position γ+1 is 0: residual = p
     token = sample(residual(p[rows, n], q_padded[rows, n]), generator)
     return n, token
+
+
+def verify_greedy(target_tokens: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`verify` at temperature 0, where p and q are one-hot: keep draft tokens while they equal the target's
+    argmax, then take the target's token. target_tokens [B, γ+1] (argmax of p), x [B, γ]. Same result as
+    `verify` on one-hot distributions, without touching the vocabulary."""
+    gamma = x.shape[1]
+    n = count_accepted(x == target_tokens[:, :gamma]) if gamma else x.new_zeros(x.shape[0])
+    token = target_tokens.gather(1, n.unsqueeze(1)).squeeze(1)
+    return n, token

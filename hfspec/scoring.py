@@ -42,6 +42,16 @@ class Scorer:
         it: length-dependent processors such as min_new_tokens must see each row's own length),
         extra: [B, ≥k-1] tokens, logits: [B, k, V'] raw logits (V' is padded or cut to the target's V).
         """
+        return scores_to_probs(self.scores(history, extra, logits), self.do_sample)
+
+    def greedy(self, history: list | None, extra: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """argmax tokens [B, k] of the processed scores (what `probs` puts all its mass on when greedy)."""
+        if not self.per_position and not self.batched and logits.shape[-1] <= self.vocab_size:
+            return logits.argmax(-1)  # nothing to process: skip the float copy
+        return self.scores(history, extra, logits).argmax(-1)
+
+    def scores(self, history: list | None, extra: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """Processed scores [B, k, V] (the arguments of `probs`)."""
         scores = fit_vocab(logits.float(), self.vocab_size)
         batch, k, vocab = scores.shape
         if self.per_position:
@@ -53,7 +63,7 @@ class Scorer:
             scores = out
         if self.batched:
             scores = _apply(self.batched, extra, scores.reshape(batch * k, vocab)).reshape(batch, k, vocab)
-        return scores_to_probs(scores, self.do_sample)
+        return scores
 
 
 def _apply(processors: list, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:

@@ -50,6 +50,7 @@ class SpecStats:
     draft_bytes: int = 0
     target_bytes: int = 0
     stopped: bool = False
+    stop_reasons: list[str] = field(default_factory=list)  # per row: eos | max_tokens | stop_criteria | user
 
     def record_round(
         self, gamma: int, accepted: list[int], checked: list[int], committed: list[int], rows: list[int]
@@ -112,8 +113,21 @@ class SpecStats:
 
     @property
     def estimated_speedup(self) -> float:
-        """Tokens per pass from the formula over (1 + γc), with c = c_bytes."""
+        """The paper's estimate (1 − α^(γ+1)) / ((1 − α)(1 + γc)) with the measured c = c_time; 0 before a
+        draft forward was timed. `ideal_speedup` is the same formula with c = c_bytes (weight-bound ideal)."""
+        c = self.c_time
+        return estimated_speedup(self.alpha, round(self.mean_gamma), c) if c > 0 else 0.0
+
+    @property
+    def ideal_speedup(self) -> float:
+        """The estimate with c = c_bytes: what a purely weight-bandwidth-bound machine would reach."""
         return estimated_speedup(self.alpha, round(self.mean_gamma), self.c_bytes)
+
+    @property
+    def stop_reason(self) -> str:
+        """Why decoding ended: the rows' common reason, "mixed", or "" while running."""
+        reasons = set(self.stop_reasons) - {""}
+        return "" if not reasons else (reasons.pop() if len(reasons) == 1 else "mixed")
 
     @property
     def tokens_per_second(self) -> float:
@@ -138,13 +152,14 @@ class SpecStats:
         out.gamma_per_round = self.gamma_per_round + other.gamma_per_round
         out.draft_bytes, out.target_bytes = other.draft_bytes, other.target_bytes
         out.stopped = self.stopped or other.stopped
+        out.stop_reasons = self.stop_reasons + other.stop_reasons
         return out
 
     def to_dict(self) -> dict:
         """All counts plus the derived numbers, JSON-ready."""
         out = asdict(self)
         for name in ("alpha", "tokens_per_pass", "mean_gamma", "c_bytes", "c_time", "expected_tokens_per_pass",
-                     "estimated_speedup", "tokens_per_second", "time_other"):
+                     "estimated_speedup", "ideal_speedup", "stop_reason", "tokens_per_second", "time_other"):
             out[name] = getattr(self, name)
         return out
 

@@ -31,8 +31,9 @@ class Stopper:
         """How many more tokens a row of `length` tokens may take."""
         return 1 << 30 if self.max_length is None else max(0, self.max_length - length)
 
-    def commit(self, length: int, tokens: list[int], history=None) -> tuple[int, bool]:
-        """How many of `tokens` to keep after a row of `length` tokens, and whether the row is done.
+    def commit(self, length: int, tokens: list[int], history=None) -> tuple[int, bool, str]:
+        """How many of `tokens` to keep after a row of `length` tokens, whether the row is done, and why
+        ("eos" | "max_tokens" | "stop_criteria"; "" while it runs).
 
         `history()` returns the row's tokens as a 1-D tensor; only criteria other than EOS/length need it.
         """
@@ -40,14 +41,16 @@ class Stopper:
         row = history() if self.others else None
         for i, token in enumerate(tokens):
             if i + 1 > room:
-                return i, True
-            if token in self.eos or i + 1 == room:
-                return i + 1, True
+                return i, True, "max_tokens"
+            if token in self.eos:
+                return i + 1, True, "eos"
             if self.others:
                 seq = torch.cat([row, row.new_tensor(tokens[: i + 1])]).unsqueeze(0)
                 if any(bool(c(seq, None).all()) for c in self.others):
-                    return i + 1, True
-        return len(tokens), False
+                    return i + 1, True, "stop_criteria"
+            if i + 1 == room:
+                return i + 1, True, "max_tokens"
+        return len(tokens), False, ""
 
 
 def _as_list(ids) -> list[int]:

@@ -1,56 +1,79 @@
-"""Drafts for speculative decoding: a quantised copy of the target (RTN, bitsandbytes) or a smaller sibling.
+"""Drafts for speculative decoding: a quantised copy of the target (RTN, bitsandbytes), a smaller sibling, or
+prompt lookup. Every kind is registered in `hfspec.drafts.registry`.
 
-    draft = make_draft(target, "rtn4")          # also "rtn3-g64", "bnb-nf4", "bnb-int8", a folder, a hub id, a model
+    draft = make_draft(target, "rtn4")          # also "rtn3-g64", "bnb-nf4", "lookup", a folder, a hub id, a model
 """
 
 from __future__ import annotations
 
 from torch import nn
 
+from hfspec.drafts import registry
+from hfspec.drafts.base import Draft, ModelDraft, NoDraft, as_draft
 from hfspec.drafts.cost import CostReport, measure_cost, weight_bytes
+from hfspec.drafts.fidelity import fidelity, warn_if_unfaithful
+from hfspec.drafts.registry import DraftSpec
+from hfspec.drafts.registry import parse as parse_draft_spec
 from hfspec.drafts.sibling import check_same_tokenizer, check_sibling, load_sibling
-from hfspec.drafts.spec import ALLOWED, DraftSpec, parse_draft_spec
 from hfspec.errors import HfspecError
 
 __all__ = [
     "ALLOWED",
     "CostReport",
+    "Draft",
     "DraftSpec",
+    "ModelDraft",
+    "NoDraft",
+    "as_draft",
     "check_same_tokenizer",
     "check_sibling",
+    "describe",
+    "fidelity",
+    "load_sibling",
     "make_draft",
     "measure_cost",
     "parse_draft_spec",
+    "registry",
     "weight_bytes",
 ]
 
 
-def make_draft(target: nn.Module, spec, **options) -> nn.Module:
-    """Build a draft for `target` from `spec` (see `parse_draft_spec`). The target is not changed.
+def __getattr__(name: str):
+    if name == "ALLOWED":
+        return registry.allowed()
+    raise AttributeError(name)
 
-    Options: rtn: fused (bool, default: on CPU use the int4 kernel where it fits);
-    sibling / model: target_tokenizer, draft_tokenizer (checked to match), plus `load_model` options.
+
+def make_draft(target: nn.Module, spec, **options) -> nn.Module:
+    """Build a draft for `target` from `spec` (see `hfspec.drafts.registry`). The target is not changed.
+
+    Options: rtn: lean (bool, default: the lean decode step where the family is supported), fused (bool,
+    default: on CPU use the int4 kernel where it fits); sibling / model: target_tokenizer, draft_tokenizer
+    (checked to match), plus `load_model` options.
     """
     parsed = parse_draft_spec(spec)
-    if parsed.kind == "rtn":
-        from hfspec.quant.swap import quantize_model
-
-        _only(options, {"fused"}, parsed)
-        draft = quantize_model(target, parsed.bits, parsed.group_size, fused=options.get("fused"))
-    elif parsed.kind == "bnb":
-        from hfspec.drafts.bnb import make_bnb_draft
-
-        _only(options, set(), parsed)
-        draft = make_bnb_draft(target, parsed.bnb_type)
-    elif parsed.kind == "model":
+    if parsed.kind == "model":
         _only(options, {"target_tokenizer", "draft_tokenizer"}, parsed)
         draft = parsed.source
         check_sibling(target, draft, options.get("target_tokenizer"), options.get("draft_tokenizer"))
-    else:
-        draft = load_sibling(target, parsed.source, **options)
-    if parsed.kind != "model":
-        draft.hfspec_draft_spec = parsed.label
+        return draft
+    kind = registry.KINDS[parsed.kind]
+    if kind.options is not None:
+        _only(options, set(kind.options), parsed)
+    draft = kind.build(target, parsed, options)
+    draft.hfspec_draft_spec = parsed.label
+    if parsed.kind in ("rtn", "bnb"):
+        warn_if_unfaithful(target, draft)  # a quantised copy far from its target: warn, with the number
     return draft
+
+
+def describe(draft) -> dict:
+    """How a draft runs: its kind, label, the path of its decode step and, for quantised layers, each layer's."""
+    from hfspec.quant.swap import summary
+
+    label = getattr(draft, "hfspec_draft_spec", None) or type(draft).__name__
+    step = getattr(draft, "hfspec_step_path", None) or "Hugging Face forward"
+    return {"label": label, "step": step, "layers": summary(draft) if isinstance(draft, nn.Module) else {}}
 
 
 def _only(options: dict, allowed: set[str], spec: DraftSpec) -> None:

@@ -1,0 +1,111 @@
+"""The one interface the decoding loop talks to: a `Draft` proposes tokens and owns its own state.
+
+    x, q = draft.propose(slots, gamma, pick)   # appends x to the slots; q [B, k, V] (None when greedy)
+    draft.rollback(length); draft.keep_rows(rows)
+
+A model-backed draft (`ModelDraft`) feeds the slots it has not seen through a runner with a KV cache (the HF
+forward via `CachedModel`, or a lean step of its own) and lets the loop's `pick` turn logits into tokens and
+q. Plain decoding is `NoDraft`, which proposes nothing. A new kind of draft implements these three methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+
+from hfspec.slots import Slots
+
+# pick(logits [B, 1, V'], x_so_far [B, j]) -> (x_j [B], q_j [B, V] or None when greedy)
+Pick = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
+
+
+class Draft(Protocol):
+    """What the decoding loop needs from a draft. Times are seconds spent in the draft's forwards."""
+
+    seconds: float
+    forwards: int
+    positions_fed: int
+
+    def propose(self, slots: Slots, gamma: int, pick: Pick) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Up to `gamma` tokens x [B, k] (k ≤ γ) appended to `slots`, and their distributions q [B, k, V]."""
+
+    def rollback(self, length: int) -> None:
+        """Forget slots at and beyond `length`."""
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Drop finished rows."""
+
+
+class NoDraft:
+    """Plain decoding: proposes nothing, so each target pass gives one token."""
+
+    seconds, forwards, positions_fed = 0.0, 0, 0
+
+    def propose(self, slots: Slots, gamma: int, pick: Pick):
+        return slots.tokens.new_empty((slots.tokens.shape[0], 0)), None
+
+    def rollback(self, length: int) -> None:
+        pass
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        pass
+
+
+class ModelDraft:
+    """A draft model behind a runner with a KV cache: one forward per proposed token.
+
+    vocab: the draft's usable vocabulary width (rows beyond it, e.g. padding, are never proposed).
+    """
+
+    def __init__(self, runner, vocab: int | None = None):
+        self.runner = runner
+        self.vocab = vocab
+
+    @property
+    def seconds(self) -> float:
+        return self.runner.seconds
+
+    @property
+    def forwards(self) -> int:
+        return self.runner.forwards
+
+    @property
+    def positions_fed(self) -> int:
+        return self.runner.positions_fed
+
+    def propose(self, slots: Slots, gamma: int, pick: Pick):
+        start = slots.size
+        xs, qs = [], []
+        for j in range(gamma):
+            logits = self.runner.feed(slots.tokens, slots.positions, slots.valid, start + j, 1, slots.all_valid)
+            if self.vocab is not None and self.vocab < logits.shape[-1]:
+                logits = logits.clone()
+                logits[..., self.vocab:] = -float("inf")
+            x_j, q_j = pick(logits, slots.tokens[:, start:])
+            xs.append(x_j)
+            if q_j is not None:
+                qs.append(q_j)
+            slots.append(x_j[:, None])
+        x = torch.stack(xs, dim=1) if xs else slots.tokens.new_empty((slots.tokens.shape[0], 0))
+        return x, (torch.stack(qs, dim=1) if qs else None)
+
+    def rollback(self, length: int) -> None:
+        self.runner.rollback(length)
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        self.runner.keep_rows(rows)
+
+
+def as_draft(model, vocab: int | None = None) -> Draft:
+    """The `Draft` for a draft model: its own (`model.hfspec_draft(vocab)`) when it has one, else the HF forward
+    with a KV cache. None gives plain decoding."""
+    if model is None:
+        return NoDraft()
+    own = getattr(model, "hfspec_draft", None)
+    if callable(own):
+        return own(vocab)
+    from hfspec.kv_model import CachedModel
+
+    return ModelDraft(CachedModel(model), vocab)
