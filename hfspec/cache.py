@@ -31,11 +31,19 @@ def accepts(model: torch.nn.Module, name: str) -> bool:
 
 
 def new_cache(model: torch.nn.Module) -> DynamicCache:
-    """An empty dynamic cache for `model`."""
+    """An empty cache for `model`: its own when it brings one (`hfspec_new_cache`), else HF's dynamic cache."""
+    own = getattr(model, "hfspec_new_cache", None)
+    if callable(own):
+        return own()
     try:
-        return DynamicCache(config=model.config)
+        cache = DynamicCache(config=model.config)
     except TypeError:  # older transformers
-        return DynamicCache()
+        cache = DynamicCache()
+    # Sliding-window layers (Gemma 2/3, Mistral) drop old states once full unless told to keep them until a
+    # crop: rollback needs them.
+    if hasattr(cache, "activate_past_recording"):
+        cache.activate_past_recording()
+    return cache
 
 
 def cache_of(outputs) -> DynamicCache:

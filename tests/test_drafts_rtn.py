@@ -19,8 +19,14 @@ from transformers import (
 )
 from transformers.pytorch_utils import Conv1D
 
-from hfspec.drafts import make_draft, weight_bytes
+from hfspec.drafts import make_draft as _make_draft
+from hfspec.drafts import weight_bytes
 from hfspec.quant import QuantEmbedding, QuantLinear, describe, int4_cpu_kernel_ok, summary, weight_matrices
+
+
+def make_draft(target, spec, **options):
+    """These tests check the module-swap path (HF forward over quantised modules), not the lean step."""
+    return _make_draft(target, spec, lean=False, **options)
 
 
 def tiny(arch: str, hidden=64, vocab=128, inter=172):
@@ -159,7 +165,7 @@ def test_stories_rtn4_draft_keeps_greedy_text():
     import hfspec
 
     target = LlamaForCausalLM.from_pretrained(STORIES, local_files_only=True).eval()
-    draft = hfspec.make_draft(target, "rtn4")
+    draft = make_draft(target, "rtn4")
     assert any("K=172" in row["path"] for row in describe(draft))  # ragged MLP handled by the fallback path
     prompt = torch.tensor([[1]])
     spec = hfspec.generate(target, prompt, draft=draft, gamma=4, temperature=0, max_new_tokens=24)
