@@ -63,3 +63,56 @@ def perturbed(model, scale: float, seed: int = 1):
             if param.dim() >= 2:
                 param.add_(torch.randn_like(param) * param.std() * scale)
     return draft.eval()
+
+
+# One tiny config per supported family (fidelity tests). Each entry: (config class, model class, size kwargs).
+_LLAMA_LIKE = dict(intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", _LLAMA_LIKE),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(_LLAMA_LIKE, sliding_window=None)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(_LLAMA_LIKE, tie_word_embeddings=False)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", _LLAMA_LIKE),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", _LLAMA_LIKE),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(_LLAMA_LIKE, sliding_window=8, query_pre_attn_scalar=8)),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(_LLAMA_LIKE, sliding_window=8, query_pre_attn_scalar=8)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_head=4)),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(intermediate_size=64, num_attention_heads=4)),
+    "bloom": ("BloomConfig", "BloomForCausalLM", dict(n_head=4)),
+    "opt": ("OPTConfig", "OPTForCausalLM", dict(ffn_dim=64, num_attention_heads=4, word_embed_proj_dim=32)),
+    "falcon": ("FalconConfig", "FalconForCausalLM", dict(num_attention_heads=4)),
+    "stablelm": ("StableLmConfig", "StableLmForCausalLM", dict(intermediate_size=64, num_attention_heads=4,
+                                                               num_key_value_heads=2)),
+}
+
+
+def build_family(family: str, seed: int = 0, init: float = 0.02, vocab: int = VOCAB, layers: int = 2):
+    """A tiny random model of `family` (a key of FAMILIES), hidden size 32, in eval mode. `init` is the
+    initializer range (std of the weights); larger values give peakier next-token distributions."""
+    import transformers
+
+    config_name, model_name, sizes = FAMILIES[family]
+    config_cls = getattr(transformers, config_name)
+    layer_key = "n_layer" if family in ("gpt2", "bloom") else "num_hidden_layers"
+    hidden_key = "n_embd" if family == "gpt2" else "hidden_size"
+    init_key = "init_std" if family == "opt" else "initializer_range"
+    config = config_cls(vocab_size=vocab, bos_token_id=0, eos_token_id=1, pad_token_id=2,
+                        **{layer_key: layers, hidden_key: 32, init_key: init}, **sizes)
+    torch.manual_seed(seed)
+    return getattr(transformers, model_name)(config).eval()
+
+
+def sharpen(model, factor: float):
+    """Multiply the final norm's output (weight and bias) by `factor`, so every logit is `factor` times larger:
+    peaky next-token distributions without touching the (possibly tied) embeddings. Returns `model`."""
+    base = model.base_model
+    norm = next(getattr(base, n) for n in ("norm", "ln_f", "final_layer_norm", "decoder") if hasattr(base, n))
+    norm = getattr(norm, "final_layer_norm", norm)  # OPT keeps it in its decoder
+    with torch.no_grad():
+        if "Gemma" in type(norm).__name__:  # Gemma's RMSNorm multiplies by (1 + weight)
+            norm.weight.copy_((1 + norm.weight) * factor - 1)
+        else:
+            norm.weight.mul_(factor)
+            if getattr(norm, "bias", None) is not None:
+                norm.bias.mul_(factor)
+    return model

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from hfspec.errors import HfspecError
+from hfspec.quant.known_layers import LINEAR, check_forward, layer_kind
 from hfspec.quant.swap import as_linear_weight, copy_skeleton, weight_matrices
 
 LLM_INT8_THRESHOLD = 6.0  # BitsAndBytesConfig's default
@@ -54,6 +55,7 @@ def make_bnb_draft(target: nn.Module, bnb_type: str) -> nn.Module:
     output = target.get_output_embeddings() if hasattr(target, "get_output_embeddings") else None
     layers = [(n, m) for n, m in weight_matrices(target)
               if not isinstance(m, nn.Embedding) and m is not output]
+    _check_known(layers)
     replace = {id(p): p for p in target.parameters()}  # share what is not replaced
     replace.update({id(m.weight): None for _, m in layers})
     draft = copy_skeleton(target, replace)
@@ -63,6 +65,18 @@ def make_bnb_draft(target: nn.Module, bnb_type: str) -> nn.Module:
         draft.set_submodule(name, new)
     draft.eval()
     return draft
+
+
+def _check_known(layers: list[tuple[str, nn.Module]]) -> None:
+    """Only layers whose forward is x @ W.T + b may become bitsandbytes layers (HfspecError naming any other)."""
+    checked = set()
+    for name, module in layers:
+        kind = layer_kind(name, module)  # raises for an unknown Linear / Conv1D subclass
+        if kind != LINEAR:  # pragma: no cover - embeddings are filtered out before
+            raise HfspecError(f"draft: bnb cannot replace layer {name!r} ({type(module).__qualname__})")
+        if type(module) not in checked:
+            check_forward(name, module, kind)
+            checked.add(type(module))
 
 
 def _bnb_linear(bnb, module: nn.Module, bnb_type: str) -> nn.Module:
@@ -80,17 +94,24 @@ def _bnb_linear(bnb, module: nn.Module, bnb_type: str) -> nn.Module:
         new.bias = nn.Parameter(module.bias.detach().clone(), requires_grad=False)
     new = new.to(weight.device)  # quantises
     new.hfspec_path = f"bnb {bnb_type}"
-    if bnb_type != "int8" and getattr(new, "support_avx512bf16_for_cpu", False) and out_features % 32:
-        # bnb's AVX512-BF16 CPU repack asserts "N must be divisible by block_n": use its generic kernel instead
+    block = getattr(new.weight, "blocksize", None) or 64
+    if bnb_type != "int8" and getattr(new, "support_avx512bf16_for_cpu", False) and (
+            out_features % 32 or in_features % block):
+        # bnb's AVX512-BF16 CPU repack (done at the first no-grad eval forward) needs N % 32 == 0 ("N must be
+        # divisible by block_n") and K % blocksize == 0 (it reshapes absmax to [N, K / blocksize]): use its
+        # generic kernel instead
         new.support_avx512bf16_for_cpu = False
-        new.hfspec_path += f" (generic CPU kernel: N={out_features} not a multiple of 32)"
+        why = f"N={out_features} not a multiple of 32" if out_features % 32 else f"K={in_features} not a " \
+            f"multiple of {block}"
+        new.hfspec_path += f" (generic CPU kernel: {why})"
     return new
 
 
 def _check_layer(layer: nn.Module, name: str, bnb_type: str, dtype: torch.dtype) -> None:
     """One tiny forward, so an unsupported shape fails here with a clear message, not mid-generation."""
     weight = layer.weight
-    x = torch.zeros(1, 1, layer.in_features, device=weight.device, dtype=dtype)
+    x = torch.zeros(1, 2, layer.in_features, device=weight.device, dtype=dtype)
+    layer.eval()  # as in generation: bnb picks its CPU kernel (and repacks) at the first no-grad eval forward
     try:
         with torch.no_grad():
             layer(x)

@@ -24,7 +24,12 @@ def check_same_tokenizer(tok_a, tok_b) -> None:
 
 
 def check_sibling(target: nn.Module, draft: nn.Module, target_tokenizer=None, draft_tokenizer=None) -> None:
-    """Check a sibling draft can propose tokens for `target` (tokenizers, embedding rows)."""
+    """Check a sibling draft can propose tokens for `target` (tokenizers, embedding rows).
+
+    When the tokenizers match but the models have different numbers of vocabulary rows (padding on either
+    side), the draft is marked with `hfspec_shared_vocab` = the tokenizer's size: decoding then never proposes
+    a draft row beyond it, and target rows beyond the draft's get q = 0 (`validate.check_pair`).
+    """
     t_rows, d_rows = _vocab_rows(target), _vocab_rows(draft)
     if target_tokenizer is not None and draft_tokenizer is not None:
         check_same_tokenizer(target_tokenizer, draft_tokenizer)
@@ -33,6 +38,8 @@ def check_sibling(target: nn.Module, draft: nn.Module, target_tokenizer=None, dr
             if rows is not None and rows < needed:
                 raise HfspecError(f"draft: the {role} model has {rows} vocabulary rows, fewer than the "
                                   f"tokenizer's {needed} tokens; allowed: models covering the whole tokenizer")
+        if t_rows is not None and d_rows is not None and t_rows != d_rows:
+            draft.hfspec_shared_vocab = needed
     elif t_rows is not None and d_rows is not None and t_rows != d_rows:
         raise HfspecError(f"draft: vocab_size {d_rows} differs from the target's {t_rows} and no tokenizers were "
                           "given to check them; pass target_tokenizer= and draft_tokenizer= (padded vocabularies "
@@ -40,6 +47,11 @@ def check_sibling(target: nn.Module, draft: nn.Module, target_tokenizer=None, dr
 
 
 def _vocab_rows(model: nn.Module) -> int | None:
+    """Rows of the output layer (what decoding sees), else the config's vocab_size."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    weight = getattr(head, "weight", None)
+    if weight is not None and weight.dim() == 2:
+        return int(weight.shape[0])
     config = getattr(model, "config", None)
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
     return getattr(config, "vocab_size", None)

@@ -120,17 +120,25 @@ class QuantLinear(nn.Module):
 
 
 class QuantEmbedding(nn.Module):
-    """Embedding lookup that dequantises only the rows looked up."""
+    """Embedding lookup that dequantises only the rows looked up.
 
-    def __init__(self, qweight: QuantWeight, padding_idx: int | None = None):
+    embed_scale: a factor the replaced layer multiplied its rows by (Gemma's `*ScaledWordEmbedding`: sqrt(hidden),
+    cast to the weight's dtype before the product, as there); None for a plain `nn.Embedding`.
+    """
+
+    def __init__(self, qweight: QuantWeight, padding_idx: int | None = None, embed_scale: torch.Tensor | None = None):
         super().__init__()
         self.qweight = qweight
         self.num_embeddings, self.embedding_dim = qweight.out_features, qweight.in_features
         self.padding_idx = padding_idx
+        scale = None if embed_scale is None else torch.as_tensor(embed_scale).detach().clone()
+        self.register_buffer("embed_scale", scale, persistent=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         rows = self.qweight.dequantize(rows=ids.reshape(-1).to(self.qweight.packed.device))
-        return rows.view(*ids.shape, self.embedding_dim)
+        rows = rows.view(*ids.shape, self.embedding_dim)
+        return rows if self.embed_scale is None else rows * self.embed_scale.to(rows.dtype)
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}"
+        scale = "" if self.embed_scale is None else f", embed_scale={float(self.embed_scale):g}"
+        return f"{self.num_embeddings}, {self.embedding_dim}{scale}"

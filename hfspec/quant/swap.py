@@ -8,17 +8,32 @@ from collections import Counter
 import torch
 from torch import nn
 
+from hfspec.errors import HfspecError
+from hfspec.quant.known_layers import KEEP, SCALED_EMBEDDING, Conv1D, check_forward, embed_scale, layer_kind
 from hfspec.quant.modules import QuantEmbedding, QuantLinear, QuantWeight, fused_int4_reason
-
-try:  # GPT-2 style layers: y = x @ W + b with W stored [in, out]
-    from transformers.pytorch_utils import Conv1D
-except ImportError:  # pragma: no cover
-    Conv1D = ()
 
 
 def weight_matrices(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """Every Linear, Conv1D and Embedding module of `model`, by name."""
     return [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear | nn.Embedding | Conv1D)]
+
+
+def replaceable_layers(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
+    """(name, module, kind) of every weight layer a quantised copy replaces (see `known_layers`); kept layers
+    are left out, and an unknown Linear / Embedding subclass raises HfspecError naming it."""
+    layers, checked = [], set()
+    for name, module in weight_matrices(model):
+        kind = layer_kind(name, module)
+        if type(module) not in checked:
+            check_forward(name, module, kind)
+            checked.add(type(module))
+        layers.append((name, module, kind))
+    kept = {id(m.weight) for _, m, kind in layers if kind == KEEP}
+    for name, module, kind in layers:
+        if kind != KEEP and id(module.weight) in kept:
+            raise HfspecError(f"draft: cannot quantise layer {name!r}: its weight is tied to a layer kept in float; "
+                              "allowed: untied weights for such layers")
+    return [(name, module, kind) for name, module, kind in layers if kind != KEEP]
 
 
 def as_linear_weight(module: nn.Module) -> torch.Tensor:
@@ -41,22 +56,25 @@ def _meta_like(p: torch.Tensor) -> nn.Parameter:
 def quantize_model(model: nn.Module, bits: int, group_size: int = 32, fused: bool | None = None) -> nn.Module:
     """RTN copy of `model`: every Linear / Conv1D / Embedding weight packed at `bits` with groups along K.
 
+    Each replacement keeps its layer's forward (biases, Conv1D's transposed weight, scaled embeddings); layers
+    it cannot reproduce are refused or kept in float (see `known_layers`).
     fused: use the CPU int4 kernel where a layer allows it (default: when the weights are on the CPU).
     Tied weights (one Parameter used by several modules) get one shared `QuantWeight`. `model` is not changed.
     """
-    layers = weight_matrices(model)
+    layers = replaceable_layers(model)
     users: dict[int, list[nn.Module]] = {}
-    for _, module in layers:
+    for _, module, _ in layers:
         users.setdefault(id(module.weight), []).append(module)
     draft = copy_skeleton(model, dict.fromkeys(users))
     storages: dict[int, QuantWeight] = {}
-    for name, module in layers:
+    for name, module, kind in layers:
         key = id(module.weight)
         if key not in storages:
             storages[key] = _quantize_weight(users[key], bits, group_size, fused)
         qweight = storages[key]
         if isinstance(module, nn.Embedding):
-            new = QuantEmbedding(qweight, module.padding_idx)
+            scale = embed_scale(module) if kind == SCALED_EMBEDDING else None
+            new = QuantEmbedding(qweight, module.padding_idx, scale)
         else:
             new = QuantLinear(qweight, module.bias)
         draft.set_submodule(name, new)
