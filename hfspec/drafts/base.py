@@ -59,9 +59,10 @@ class ModelDraft:
     vocab: the draft's usable vocabulary width (rows beyond it, e.g. padding, are never proposed).
     """
 
-    def __init__(self, runner, vocab: int | None = None):
+    def __init__(self, runner, vocab: int | None = None, rows: int | None = None):
         self.runner = runner
         self.vocab = vocab
+        self.rows = rows  # the draft's embedding rows, when the target may write ids beyond them
 
     @property
     def seconds(self) -> float:
@@ -79,7 +80,8 @@ class ModelDraft:
         start = slots.size
         xs, qs = [], []
         for j in range(gamma):
-            logits = self.runner.feed(slots.tokens, slots.positions, slots.valid, start + j, 1, slots.all_valid)
+            tokens = slots.tokens if self.rows is None else slots.tokens.clamp_max(self.rows - 1)
+            logits = self.runner.feed(tokens, slots.positions, slots.valid, start + j, 1, slots.all_valid)
             if self.vocab is not None and self.vocab < logits.shape[-1]:
                 logits = logits.clone()
                 logits[..., self.vocab:] = -float("inf")
@@ -107,5 +109,9 @@ def as_draft(model, vocab: int | None = None) -> Draft:
     if callable(own):
         return own(vocab)
     from hfspec.kv_model import CachedModel
+    from hfspec.validate import vocab_size
 
-    return ModelDraft(CachedModel(model), vocab)
+    # A padded target can write ids the draft has no row for: the draft reads a stand-in (its last row), which
+    # changes only what it proposes, never what is accepted.
+    rows = vocab_size(model) if vocab is not None else None
+    return ModelDraft(CachedModel(model), vocab, rows)

@@ -23,11 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hfspec.errors import HfspecError
 from hfspec.quant import groupwise, packing
 from hfspec.quant.modules import FUSED_GROUP_SIZES
 
 CACHE_CHUNK = 256  # the KV cache grows by this many slots at a time
-SMALL_MATRIX = 1 << 20  # elements: below this a dense float matmul beats the int4 kernel plus its casts
+SMALL_MODEL = 8_000_000  # parameters: below this, overhead-bound; dense fp32 matmuls beat the int4 kernel + casts
 _ACTS = {"silu": F.silu, "swish": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
          "gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh")}
 _PATH_INT4 = "int4 CPU kernel (aten._weight_int4pack_mm_for_cpu)"
@@ -42,12 +43,12 @@ class LeanLinear(nn.Module):
     weight itself, shared with the target when unquantised and unfused)."""
 
     def __init__(self, w: torch.Tensor, bias: torch.Tensor | None, bits: int | None, group_size: int,
-                 share: bool = False):
+                 share: bool = False, small: bool = False):
         super().__init__()
         self.out_features, self.in_features = w.shape
         self.bits = bits
         self.int4 = (bits is not None and bits <= 4 and w.device.type == "cpu" and group_size in FUSED_GROUP_SIZES
-                     and self.in_features % group_size == 0 and w.numel() >= SMALL_MATRIX
+                     and self.in_features % group_size == 0 and not small
                      and packing.int4_cpu_kernel_ok())
         self.group_size = group_size
         with torch.no_grad():
@@ -64,10 +65,9 @@ class LeanLinear(nn.Module):
                 self.path = _PATH_INT4
             elif bits is not None:
                 q, scale, zero = groupwise.group_quantize(w.float(), bits, group_size)
-                small = w.numel() < SMALL_MATRIX
                 dense = groupwise.group_dequantize(q, scale, zero, group_size, torch.float32 if small else torch.bfloat16)
                 self.register_buffer("weight", dense)
-                self.path = f"rtn{bits} dequantised to {'fp32 (small matrix)' if small else 'bf16'}"
+                self.path = f"rtn{bits} dequantised to {'fp32 (small model)' if small else 'bf16'}"
             else:
                 self.register_buffer("weight", w.detach() if share else w.detach().clone())
                 self.path = f"{w.dtype} float"
@@ -185,7 +185,13 @@ def lean_reason(model: nn.Module) -> str | None:
             raise _Unsupported("no output embeddings")
         if any(p.device.type not in ("cpu",) for p in model.parameters()):
             raise _Unsupported("weights not all on the CPU")
-    except (_Unsupported, AttributeError, TypeError, OSError) as why:
+        if type(inner.embed_tokens).forward is not nn.Embedding.forward:
+            from hfspec.quant.swap import replaceable_layers
+
+            replaceable_layers(model)  # a known subclass (Gemma's scaled embedding) passes, others are refused
+        if getattr(inner.embed_tokens, "max_norm", None) is not None:
+            raise _Unsupported("embedding with max_norm")
+    except (_Unsupported, AttributeError, TypeError, OSError, HfspecError) as why:
         return str(why)
     return None
 
@@ -249,13 +255,14 @@ class LeanDecoder(nn.Module):
         head = target.get_output_embeddings()
         embed = inner.embed_tokens
         self.vocab = head.weight.shape[0]
-        self.head = LeanLinear(head.weight, getattr(head, "bias", None), bits, group_size, share=True)
-        self.register_buffer("embed_table", _embedding_table(embed.weight, bits, group_size))
-        scale = getattr(embed, "embed_scale", None)
-        self.embed_scale = float(scale) if scale is not None else None
+        small = sum(p.numel() for p in target.parameters()) < SMALL_MODEL
+        self.head = LeanLinear(head.weight, getattr(head, "bias", None), bits, group_size, share=True, small=small)
+        self.register_buffer("embed_table", _embedding_table(embed.weight, bits, group_size, small))
+        scale = getattr(embed, "embed_scale", None)  # Gemma: cast to the weights' dtype, as its forward does
+        self.embed_scale = float(scale.to(embed.weight.dtype)) if scale is not None else None
         self.final_norm, self.eps = _norm_weight(inner.norm, self.hidden)
         self.softcap = getattr(config, "final_logit_softcapping", None)
-        self.blocks = nn.ModuleList(_Block(layer, bits, group_size) for layer in layers)
+        self.blocks = nn.ModuleList(_Block(layer, bits, group_size, small) for layer in layers)
         self.head_dim, self.kv_heads = self.blocks[0].head_dim, self.blocks[0].kv_heads
         self.max_positions = max_positions or getattr(config, "max_position_embeddings", 4096) or 4096
         self._rotary = inner.rotary_emb
@@ -342,14 +349,14 @@ def _attention_mask(start: int, end: int, steps: int, valid: torch.Tensor | None
     return mask if valid is None else mask & valid[:, None, None, :end].bool()
 
 
-def _embedding_table(weight: torch.Tensor, bits: int | None, group_size: int) -> torch.Tensor:
-    """The input embedding as a dense table: the target's own when unquantised, else the RTN values (bf16 for
-    large tables, to hold half the bytes; the int4 kernel cannot gather rows)."""
+def _embedding_table(weight: torch.Tensor, bits: int | None, group_size: int, small: bool) -> torch.Tensor:
+    """The input embedding as a dense table: the target's own when unquantised, else the RTN values (bf16
+    unless the model is small, to hold half the bytes; the int4 kernel cannot gather rows)."""
     if bits is None:
         return weight.detach()
     with torch.no_grad():
         q, scale, zero = groupwise.group_quantize(weight.detach().float(), bits, group_size)
-        dtype = torch.float32 if weight.numel() < SMALL_MATRIX else torch.bfloat16
+        dtype = torch.float32 if small else torch.bfloat16
         return groupwise.group_dequantize(q, scale, zero, group_size, dtype)
 
 
@@ -372,7 +379,7 @@ def _pair_rotary_rows(w: torch.Tensor | None, heads: int, head_dim: int, rot: in
 class _Block(nn.Module):
     """One decoder layer's weights; `step()` returns its forward as a function with the fewest operators."""
 
-    def __init__(self, layer: nn.Module, bits: int | None, group_size: int):
+    def __init__(self, layer: nn.Module, bits: int | None, group_size: int, small: bool):
         super().__init__()
         attn, mlp = layer.self_attn, layer.mlp
         config = attn.config
@@ -398,16 +405,16 @@ class _Block(nn.Module):
         biases = [bq, bk, bv]
         b = None if all(x is None for x in biases) else torch.cat([
             x if x is not None else torch.zeros(n) for x, n in zip(biases, (nq * d, nkv * d, nkv * d), strict=True)])
-        self.qkv = LeanLinear(torch.cat([wq, wk, wv]), b, bits, group_size)
-        self.o = LeanLinear(*_linear_parts(attn.o_proj), bits, group_size)
+        self.qkv = LeanLinear(torch.cat([wq, wk, wv]), b, bits, group_size, small=small)
+        self.o = LeanLinear(*_linear_parts(attn.o_proj), bits, group_size, small=small)
         if hasattr(mlp, "gate_up_proj"):
             w, b = _linear_parts(mlp.gate_up_proj)
         else:
             (wg, bg), (wu, bu) = _linear_parts(mlp.gate_proj), _linear_parts(mlp.up_proj)
             w, b = torch.cat([wg, wu]), (None if bg is None else torch.cat([bg, bu]))
         self.inter = w.shape[0] // 2
-        self.gate_up = LeanLinear(w, b, bits, group_size)
-        self.down = LeanLinear(*_linear_parts(mlp.down_proj), bits, group_size)
+        self.gate_up = LeanLinear(w, b, bits, group_size, small=small)
+        self.down = LeanLinear(*_linear_parts(mlp.down_proj), bits, group_size, small=small)
         self.in_norm, self.eps = _norm_weight(layer.input_layernorm, hidden)
         post_attn, _ = _norm_weight(getattr(layer, "post_attention_layernorm", None), hidden)
         pre_ff, _ = _norm_weight(getattr(layer, "pre_feedforward_layernorm", None), hidden)
