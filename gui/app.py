@@ -3,7 +3,50 @@
 from __future__ import annotations
 
 import argparse
+import ctypes
+import os
 import sys
+
+# Qt's xcb platform plugin (the X11 window system) loads these system libraries; when one is missing Qt
+# aborts with a long message that does not name the package. soname -> Debian / Ubuntu package.
+XCB_LIBRARIES = {
+    "libxcb-icccm.so.4": "libxcb-icccm4",
+    "libxcb-keysyms.so.1": "libxcb-keysyms1",
+    "libxcb-cursor.so.0": "libxcb-cursor0",
+    "libxcb-image.so.0": "libxcb-image0",
+    "libxcb-render-util.so.0": "libxcb-render-util0",
+    "libxcb-shape.so.0": "libxcb-shape0",
+    "libxcb-xkb.so.1": "libxcb-xkb1",
+    "libxkbcommon-x11.so.0": "libxkbcommon-x11-0",
+}
+
+
+def uses_xcb(environ=os.environ, platform: str = sys.platform) -> bool:
+    """Whether Qt will pick its xcb platform: Linux, and QT_QPA_PLATFORM unset or xcb (on a Wayland session
+    without it Qt picks wayland)."""
+    if not platform.startswith("linux"):
+        return False
+    chosen = environ.get("QT_QPA_PLATFORM", "")
+    if chosen:
+        return chosen.split(":")[0].split(";")[0] == "xcb"
+    return not environ.get("WAYLAND_DISPLAY")
+
+
+def missing_xcb_packages(load=ctypes.CDLL) -> list[str]:
+    """The packages of the xcb libraries that cannot be loaded."""
+    missing = []
+    for soname, package in XCB_LIBRARIES.items():
+        try:
+            load(soname)
+        except OSError:
+            missing.append(package)
+    return missing
+
+
+def xcb_advice(packages: list[str]) -> str:
+    return ("hfspec gui: Qt's xcb platform needs system libraries that are missing. Install them with:\n"
+            f"    sudo apt-get install {' '.join(packages)}\n"
+            "(or run without a display: QT_QPA_PLATFORM=offscreen)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,6 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("hfspec gui needs PySide6 and pyqtgraph: pip install 'hfspec[gui]'", file=sys.stderr)
         return 2
+    if uses_xcb():
+        missing = missing_xcb_packages()
+        if missing:
+            print(xcb_advice(missing), file=sys.stderr)
+            return 2
 
     from gui.main_window import MainWindow
     from gui.settings import open_settings

@@ -1,14 +1,16 @@
-"""The settings panel: preset, target, draft, γ, sampling, prompt, Run / Stop."""
+"""The settings panel: preset, target, draft, device, γ, sampling, prompt (scrolling), and Run / Stop (always
+in view below the scrolling part)."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
     QDoubleSpinBox,
     QFileDialog,
     QFormLayout,
+    QFrame,
     QGroupBox,
     QHBoxLayout,
     QLabel,
@@ -16,220 +18,244 @@ from PySide6.QtWidgets import (
     QPlainTextEdit,
     QProgressBar,
     QPushButton,
+    QScrollArea,
     QSpinBox,
-    QStackedWidget,
     QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
+from gui.draft_form import DraftForm
+from gui.widgets import guard_wheel
 from hfspec.errors import HfspecError
-from hfspec.session import BNB_TYPES, GAMMA_MAX, RunSettings, draft_spec, split_draft_spec
+from hfspec.session import GAMMA_MAX, RunSettings, context_length
 
-CUSTOM = "(custom)"
+CUSTOM = "custom"
+MAX_TOKENS_UNKNOWN = 32768  # when the target's context length cannot be read
+DTYPES = [("default", ""), ("float32", "float32"), ("bfloat16", "bfloat16"), ("float16", "float16"),
+          ("auto (the checkpoint's)", "auto")]
 
 
 def _available_presets() -> list[str]:
     try:
         from hfspec.presets import list_presets
-    except ImportError:
-        return []
-    try:
+
         return list_presets()
-    except HfspecError:
+    except (ImportError, HfspecError):
         return []
+
+
+def _devices() -> list[tuple[str, str]]:
+    import torch
+
+    out = [("default", ""), ("cpu", "cpu")]
+    if torch.cuda.is_available():
+        out += [("cuda", "cuda")] + [(f"cuda:{i}", f"cuda:{i}") for i in range(torch.cuda.device_count())]
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        out.append(("mps", "mps"))
+    return out + [("auto", "auto")]
 
 
 class ControlPanel(QWidget):
-    """Emits `run_requested` / `stop_requested`; `settings()` reads the form, `set_settings()` fills it."""
+    """Emits `run_requested` / `stop_requested`; `settings()` reads the form, `set_settings()` fills it. Any edit
+    of a preset's values turns the preset box to "custom"; choosing a preset (again) resets the form to it."""
 
     run_requested = Signal()
     stop_requested = Signal()
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        layout = QVBoxLayout(self)
-        layout.setContentsMargins(6, 6, 6, 6)
+        self._filling = False
+        self._preset_name = ""
+        body = QWidget()
+        layout = QVBoxLayout(body)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.addWidget(self._models_box())
+        layout.addWidget(self._decoding_box())
+        layout.addWidget(self._prompt_box(), 1)
+        self.scroll = QScrollArea()
+        self.scroll.setWidget(body)
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.wheel_guard = guard_wheel(body)
 
-        # --- models
-        models = QGroupBox("Models")
-        form = QFormLayout(models)
+        self.run_button = QPushButton("Run")
+        self.run_button.setDefault(True)
+        self.run_button.setStyleSheet("font-weight: bold;")
+        self.run_button.setToolTip("Generate with these settings (Ctrl+R)")
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setEnabled(False)
+        self.stop_button.setToolTip("End the run within one target pass (Esc)")
+        self.progress = QProgressBar()
+        self.progress.setTextVisible(True)
+        self.progress.setRange(0, 1)
+        self.progress.setValue(0)
+        footer = QVBoxLayout()
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.run_button, 1)
+        buttons.addWidget(self.stop_button, 1)
+        footer.addLayout(buttons)
+        footer.addWidget(self.progress)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 4)
+        outer.addWidget(self.scroll, 1)
+        outer.addLayout(footer)
+
+        self.run_button.clicked.connect(self.run_requested)
+        self.stop_button.clicked.connect(self.stop_requested)
+        self.preset.activated.connect(lambda index: self._preset_chosen(self.preset.itemText(index)))
+        for signal in (self.target.textChanged, self.draft.changed, self.gamma.valueChanged,
+                       self.gamma_auto.toggled, self.temperature.valueChanged, self.top_k.valueChanged,
+                       self.top_p.valueChanged, self.max_new_tokens.valueChanged, self.seed.valueChanged,
+                       self.prompt.textChanged, self.chat.toggled, self.ignore_eos.toggled):
+            signal.connect(self._edited)
+        self.target.textChanged.connect(self._limit_tokens)
+        self.gamma_auto.toggled.connect(self._show_gamma)
+        self._show_gamma(False)
+        self._show_preset_info()
+        # never narrower than its content: nothing clipped on the right (it scrolls vertically only)
+        self.scroll.setMinimumWidth(body.minimumSizeHint().width() + self.scroll.verticalScrollBar().sizeHint().width())
+
+    # ----------------------------------------------------------------- building
+    def _models_box(self) -> QGroupBox:
+        box = QGroupBox("Models")
+        form = QFormLayout(box)
         self.preset = QComboBox()
         self.preset.addItem(CUSTOM)
         self.preset.addItems(_available_presets())
-        self.preset.setToolTip("A ready-made target/draft pair with its sampling settings (presets/*.toml)")
+        self.preset.setToolTip("A ready-made target/draft pair with its sampling settings (presets/*.toml); "
+                               "choosing one again resets the form to it")
         self.preset_info = QLabel()
         self.preset_info.setWordWrap(True)
         self.preset_info.setStyleSheet("color: #555; font-size: 11px;")
         form.addRow("Preset", self.preset)
         form.addRow(self.preset_info)
-
         self.target = QLineEdit()
-        self.target.setPlaceholderText("model folder, hub id (owner/name) or .gguf file")
+        self.target.setPlaceholderText("model folder, hub id or .gguf")
         browse_dir = QToolButton(text="…")
         browse_dir.setToolTip("Choose a model folder")
         browse_dir.clicked.connect(self._browse_target_folder)
-        browse_gguf = QToolButton(text="GGUF")
-        browse_gguf.setToolTip("Choose a .gguf file")
-        browse_gguf.clicked.connect(self._browse_target_gguf)
+        self.browse_gguf = QToolButton(text="GGUF")
+        self.browse_gguf.setToolTip("Choose a .gguf file")
+        self.browse_gguf.clicked.connect(self._browse_target_gguf)
         row = QHBoxLayout()
         row.addWidget(self.target, 1)
         row.addWidget(browse_dir)
-        row.addWidget(browse_gguf)
+        row.addWidget(self.browse_gguf)
         form.addRow("Target", row)
+        self.draft = DraftForm()
+        form.addRow(self.draft)
+        self.device = QComboBox()
+        for text, value in _devices():
+            self.device.addItem(text, value)
+        self.device.setToolTip("Where the models run (default: the library's choice)")
+        self.dtype = QComboBox()
+        for text, value in DTYPES:
+            self.dtype.addItem(text, value)
+        self.dtype.setToolTip("Precision of the target (default: the library's choice)")
+        form.addRow("Device", self.device)
+        form.addRow("Precision", self.dtype)
+        return box
 
-        self.draft_kind = QComboBox()
-        self.draft_kind.addItem("quantised copy (RTN)", "rtn")
-        self.draft_kind.addItem("quantised copy (bitsandbytes)", "bnb")
-        self.draft_kind.addItem("sibling model", "sibling")
-        form.addRow("Draft", self.draft_kind)
-        self.draft_stack = QStackedWidget()
-        rtn = QWidget()
-        rtn_row = QHBoxLayout(rtn)
-        rtn_row.setContentsMargins(0, 0, 0, 0)
-        self.bits = QSpinBox(minimum=2, maximum=8, value=4, suffix=" bit")
-        self.group = QSpinBox(minimum=0, maximum=8192, value=0, singleStep=32)
-        self.group.setSpecialValueText("group 32 (default)")
-        self.group.setPrefix("group ")
-        rtn_row.addWidget(self.bits)
-        rtn_row.addWidget(self.group, 1)
-        bnb = QWidget()
-        bnb_row = QHBoxLayout(bnb)
-        bnb_row.setContentsMargins(0, 0, 0, 0)
-        self.bnb_type = QComboBox()
-        self.bnb_type.addItems(list(BNB_TYPES))
-        bnb_row.addWidget(self.bnb_type, 1)
-        sib = QWidget()
-        sib_row = QHBoxLayout(sib)
-        sib_row.setContentsMargins(0, 0, 0, 0)
-        self.sibling = QLineEdit()
-        self.sibling.setPlaceholderText("draft folder or hub id (same tokenizer)")
-        browse_sib = QToolButton(text="…")
-        browse_sib.clicked.connect(self._browse_sibling)
-        sib_row.addWidget(self.sibling, 1)
-        sib_row.addWidget(browse_sib)
-        for page in (rtn, bnb, sib):
-            self.draft_stack.addWidget(page)
-        form.addRow("", self.draft_stack)
-        self.spec_label = QLabel()
-        self.spec_label.setStyleSheet("font-family: monospace; color: #225;")
-        form.addRow("Draft spec", self.spec_label)
-        layout.addWidget(models)
-
-        # --- decoding
-        decoding = QGroupBox("Decoding")
-        dform = QFormLayout(decoding)
+    def _decoding_box(self) -> QGroupBox:
+        box = QGroupBox("Decoding")
+        form = QFormLayout(box)
         self.gamma = QSpinBox(minimum=1, maximum=GAMMA_MAX, value=4)
         self.gamma.setToolTip("Draft tokens proposed per target pass")
         self.gamma_auto = QCheckBox("auto")
-        self.gamma_auto.setToolTip("Adapt γ from the running acceptance rate and cost")
-        grow = QHBoxLayout()
-        grow.addWidget(self.gamma, 1)
-        grow.addWidget(self.gamma_auto)
-        dform.addRow("γ (draft length)", grow)
+        self.gamma_auto.setToolTip("Choose γ each pass from the running acceptance rate and measured cost")
+        self.gamma_auto_note = QLabel("chosen each pass")
+        self.gamma_auto_note.setStyleSheet("color: #555;")
+        self.gamma_auto_note.setToolTip("The Live tab plots the γ chosen for every target pass")
+        row = QHBoxLayout()
+        row.addWidget(self.gamma, 1)
+        row.addWidget(self.gamma_auto_note, 1)
+        row.addWidget(self.gamma_auto)
+        form.addRow("γ (draft length)", row)
         self.temperature = QDoubleSpinBox(minimum=0.0, maximum=5.0, singleStep=0.1, decimals=2, value=1.0)
         self.temperature.setToolTip("0 is greedy decoding")
-        dform.addRow("Temperature", self.temperature)
+        form.addRow("Temperature", self.temperature)
         self.top_k = QSpinBox(minimum=0, maximum=1_000_000, value=0)
         self.top_k.setSpecialValueText("off")
-        dform.addRow("Top-k", self.top_k)
+        form.addRow("Top-k", self.top_k)
         self.top_p = QDoubleSpinBox(minimum=0.01, maximum=1.0, singleStep=0.05, decimals=2, value=1.0)
         self.top_p.setToolTip("1.00 is off")
-        dform.addRow("Top-p", self.top_p)
-        self.max_new_tokens = QSpinBox(minimum=1, maximum=32768, value=64)
-        dform.addRow("Max new tokens", self.max_new_tokens)
+        form.addRow("Top-p", self.top_p)
+        self.max_new_tokens = QSpinBox(minimum=1, maximum=MAX_TOKENS_UNKNOWN, value=64)
+        form.addRow("Max new tokens", self.max_new_tokens)
         self.seed = QSpinBox(minimum=0, maximum=2_147_483_647, value=1)
-        dform.addRow("Seed", self.seed)
-        self.baseline = QCheckBox("measure wall-clock speed-up (plain run, cached)")
+        form.addRow("Seed", self.seed)
+        self.ignore_eos = QCheckBox("exactly max new tokens (ignore EOS)")
+        self.ignore_eos.setToolTip("Suppress the end-of-text token until max new tokens are generated")
+        form.addRow(self.ignore_eos)
+        self.chat = QCheckBox("chat template")
+        self.chat.setToolTip("Wrap the prompt as a user message in the tokenizer's chat template (models that have "
+                             "one)")
+        form.addRow(self.chat)
+        self.baseline = QCheckBox("measure wall-clock speed-up")
+        self.baseline.setToolTip("After each run, plain decoding of exactly as many tokens (same prompt and seed)")
         self.baseline.setChecked(True)
-        dform.addRow(self.baseline)
-        layout.addWidget(decoding)
+        form.addRow(self.baseline)
+        return box
 
-        # --- prompt
-        prompt_box = QGroupBox("Prompt")
-        pl = QVBoxLayout(prompt_box)
+    def _prompt_box(self) -> QGroupBox:
+        box = QGroupBox("Prompt")
+        layout = QVBoxLayout(box)
         self.prompt = QPlainTextEdit()
         self.prompt.setPlaceholderText("Text for the model to continue")
-        self.prompt.setMinimumHeight(60)
-        pl.addWidget(self.prompt)
-        layout.addWidget(prompt_box, 1)
-
-        # --- run
-        self.run_button = QPushButton("Run")
-        self.run_button.setDefault(True)
-        self.run_button.setStyleSheet("font-weight: bold;")
-        self.stop_button = QPushButton("Stop")
-        self.stop_button.setEnabled(False)
-        buttons = QHBoxLayout()
-        buttons.addWidget(self.run_button, 1)
-        buttons.addWidget(self.stop_button, 1)
-        layout.addLayout(buttons)
-        self.progress = QProgressBar()
-        self.progress.setTextVisible(True)
-        self.progress.setRange(0, 1)
-        self.progress.setValue(0)
-        layout.addWidget(self.progress)
-
-        self.run_button.clicked.connect(self.run_requested)
-        self.stop_button.clicked.connect(self.stop_requested)
-        self.preset.currentTextChanged.connect(self._preset_chosen)
-        self.draft_kind.currentIndexChanged.connect(self.draft_stack.setCurrentIndex)
-        for signal in (self.draft_kind.currentIndexChanged, self.bits.valueChanged, self.group.valueChanged,
-                       self.bnb_type.currentIndexChanged, self.sibling.textChanged):
-            signal.connect(self._update_spec)
-        self.gamma_auto.toggled.connect(lambda on: self.gamma.setEnabled(not on))
-        self._update_spec()
+        self.prompt.setMinimumHeight(70)
+        layout.addWidget(self.prompt)
+        return box
 
     # ----------------------------------------------------------------- reading and filling
-    def draft(self) -> str:
-        return draft_spec(self.draft_kind.currentData(), self.bits.value(), self.group.value(),
-                          self.bnb_type.currentText(), self.sibling.text())
+    def draft_spec(self) -> str:
+        return self.draft.spec()
 
     def settings(self) -> RunSettings:
         """The form as RunSettings (HfspecError naming the field when something is missing)."""
-        preset = self.preset.currentText()
         return RunSettings(
-            target=self.target.text().strip(), draft=self.draft(),
+            target=self.target.text().strip(), draft=self.draft.spec(),
             gamma="auto" if self.gamma_auto.isChecked() else self.gamma.value(),
             temperature=self.temperature.value(), top_k=self.top_k.value(), top_p=self.top_p.value(),
             max_new_tokens=self.max_new_tokens.value(), seed=self.seed.value(),
-            prompt=self.prompt.toPlainText(), preset="" if preset == CUSTOM else preset,
-            chat=getattr(self, "_chat", False), measure_baseline=self.baseline.isChecked(),
+            prompt=self.prompt.toPlainText(), preset=self._preset_name, chat=self.chat.isChecked(),
+            measure_baseline=self.baseline.isChecked(), ignore_eos=self.ignore_eos.isChecked(),
+            device=self.device.currentData(), dtype=self.dtype.currentData(),
         )
 
     def set_settings(self, s: RunSettings) -> None:
-        index = self.preset.findText(s.preset) if s.preset else 0
-        self.preset.blockSignals(True)
-        self.preset.setCurrentIndex(max(index, 0))
-        self.preset.blockSignals(False)
-        self._show_preset_info(self.preset.currentText())
-        self.target.setText(s.target)
-        self.set_draft(s.draft)
-        self.gamma_auto.setChecked(s.gamma == "auto")
-        if s.gamma != "auto":
-            self.gamma.setValue(int(s.gamma))
-        self.temperature.setValue(float(s.temperature))
-        self.top_k.setValue(int(s.top_k))
-        self.top_p.setValue(float(s.top_p))
-        self.max_new_tokens.setValue(int(s.max_new_tokens))
-        self.seed.setValue(int(s.seed))
-        self.prompt.setPlainText(s.prompt)
-        self._chat = bool(s.chat)
-        self.baseline.setChecked(bool(s.measure_baseline))
+        self._filling = True
+        try:
+            self._preset_name = s.preset if self.preset.findText(s.preset) > 0 else ""
+            self.preset.setCurrentIndex(max(self.preset.findText(self._preset_name or CUSTOM), 0))
+            self.target.setText(s.target)
+            self.draft.set_spec(s.draft)
+            self.gamma_auto.setChecked(s.gamma == "auto")
+            if s.gamma != "auto":
+                self.gamma.setValue(int(s.gamma))
+            self.temperature.setValue(float(s.temperature))
+            self.top_k.setValue(int(s.top_k))
+            self.top_p.setValue(float(s.top_p))
+            self.max_new_tokens.setValue(int(s.max_new_tokens))
+            self.seed.setValue(int(s.seed))
+            self.prompt.setPlainText(s.prompt)
+            self.chat.setChecked(bool(s.chat))
+            self.ignore_eos.setChecked(bool(s.ignore_eos))
+            self.baseline.setChecked(bool(s.measure_baseline))
+            self.device.setCurrentIndex(max(self.device.findData(s.device or ""), 0))
+            self.dtype.setCurrentIndex(max(self.dtype.findData(s.dtype or ""), 0))
+        finally:
+            self._filling = False
+        self._show_preset_info()
 
     def set_draft(self, spec: str) -> None:
-        parts = split_draft_spec(spec)
-        self.draft_kind.setCurrentIndex(self.draft_kind.findData(parts["kind"]))
-        self.bits.setValue(parts["bits"])
-        self.group.setValue(parts["group"])
-        self.bnb_type.setCurrentText(parts["bnb_type"])
-        self.sibling.setText(parts["source"])
-        self._update_spec()
+        self.draft.set_spec(spec)
 
     def choose_preset(self, name: str) -> bool:
-        """Select a preset by name (fills the form); False when it is not in the list."""
+        """Select a preset by name and fill the form from it; False when it is not in the list."""
         index = self.preset.findText(name)
-        if index < 0:
+        if index <= 0:
             return False
         self.preset.setCurrentIndex(index)
         self._preset_chosen(name)
@@ -251,21 +277,38 @@ class ControlPanel(QWidget):
         self.progress.setValue(min(value, maximum))
         self.progress.setFormat("%v / %m tokens")
 
+    def set_point(self, index: int, total: int) -> None:
+        """Sweep / compare: point `index` (from 1) of `total` is being measured."""
+        self.progress.setRange(0, max(1, total))
+        self.progress.setValue(index - 1)
+        self.progress.setFormat(f"point {index} / {total}")
+
     # ----------------------------------------------------------------- internals
     def _preset_chosen(self, name: str) -> None:
-        self._show_preset_info(name)
         if name == CUSTOM:
+            self._preset_name = ""
+            self._show_preset_info()
             return
         try:
-            s = RunSettings.from_preset(name, measure_baseline=self.baseline.isChecked())
+            s = RunSettings.from_preset(name, measure_baseline=self.baseline.isChecked(),
+                                        device=self.device.currentData(), dtype=self.dtype.currentData())
         except HfspecError as exc:
             self.preset_info.setText(f"<span style='color:#a00'>{exc}</span>")
             return
         self.set_settings(s)
 
-    def _show_preset_info(self, name: str) -> None:
-        if name == CUSTOM:
-            self.preset_info.setText("Your own target and draft.")
+    def _edited(self, *_) -> None:
+        if self._filling or not self._preset_name:
+            return
+        self.preset_info.setText(f"Custom: edited from {self._preset_name} (choose a preset to reset the form).")
+        self._preset_name = ""
+        self.preset.setCurrentIndex(0)
+
+    def _show_preset_info(self) -> None:
+        name = self._preset_name
+        if not name:
+            if not self.preset_info.text().startswith("Custom"):
+                self.preset_info.setText("Custom: your own target, draft and settings.")
             return
         try:
             from hfspec.presets import load_preset
@@ -276,27 +319,23 @@ class ControlPanel(QWidget):
         except (ImportError, HfspecError) as exc:
             self.preset_info.setText(str(exc))
 
-    def _update_spec(self, *_):
-        try:
-            self.spec_label.setText(self.draft())
-            self.spec_label.setStyleSheet("font-family: monospace; color: #225;")
-        except HfspecError as exc:
-            self.spec_label.setText(str(exc).split(";")[0])
-            self.spec_label.setStyleSheet("font-family: monospace; color: #a00;")
+    def _show_gamma(self, auto: bool) -> None:
+        self.gamma.setVisible(not auto)
+        self.gamma_auto_note.setVisible(auto)
+
+    def _limit_tokens(self, source: str) -> None:
+        """Max new tokens cannot exceed the target's context (read from a local folder's config.json)."""
+        limit = context_length(source)
+        self.max_new_tokens.setMaximum(max(1, limit - 1) if limit else MAX_TOKENS_UNKNOWN)
+        self.max_new_tokens.setToolTip(f"At most {limit - 1}: the target has {limit} positions for prompt and "
+                                       "new tokens" if limit else "The target's context length is not known here")
 
     def _browse_target_folder(self):
         path = QFileDialog.getExistingDirectory(self, "Target model folder", self.target.text())
         if path:
             self.target.setText(path)
-            self.preset.setCurrentIndex(0)
 
     def _browse_target_gguf(self):
         path, _ = QFileDialog.getOpenFileName(self, "Target GGUF file", self.target.text(), "GGUF (*.gguf)")
         if path:
             self.target.setText(path)
-            self.preset.setCurrentIndex(0)
-
-    def _browse_sibling(self):
-        path = QFileDialog.getExistingDirectory(self, "Draft model folder", self.sibling.text())
-        if path:
-            self.sibling.setText(path)

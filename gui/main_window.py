@@ -2,27 +2,25 @@
 
 from __future__ import annotations
 
-import csv
-import json
 import os
 
 from PySide6.QtCore import QByteArray, Qt
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import (
-    QFileDialog,
-    QMainWindow,
-    QMessageBox,
-    QScrollArea,
-    QSplitter,
-    QTabWidget,
-)
+from PySide6.QtWidgets import QFileDialog, QMainWindow, QMessageBox, QSplitter, QTabWidget
 
+from gui import export
 from gui import settings as store
+from gui.compare_view import CompareView
 from gui.controls import ControlPanel
-from gui.plots import CompareView, LiveView, SweepView, configure_pyqtgraph, export_png
+from gui.glossary import GlossaryDialog
+from gui.live_view import LiveView
+from gui.plots import configure_pyqtgraph, export_png
+from gui.sweep_view import SweepView
 from gui.worker import Job, RunController
 from hfspec.errors import HfspecError
-from hfspec.session import CompareRow, RunResult, Session, SweepPoint, SweepResult
+from hfspec.session import CompareRow, RunResult, Session, SweepResult, SweepRow, parse_list
+
+DEFAULT_SIZE = (1400, 900)
 
 
 class MainWindow(QMainWindow):
@@ -35,11 +33,7 @@ class MainWindow(QMainWindow):
         self.controller = RunController(session)
 
         self.controls = ControlPanel()
-        scroll = QScrollArea()
-        scroll.setWidget(self.controls)
-        scroll.setWidgetResizable(True)
-        scroll.setMinimumWidth(340)
-        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.controls.setMinimumWidth(300)
         self.live = LiveView()
         self.sweep = SweepView()
         self.compare = CompareView()
@@ -48,12 +42,16 @@ class MainWindow(QMainWindow):
         self.tabs.addTab(self.sweep, "Sweep γ")
         self.tabs.addTab(self.compare, "Compare drafts")
         splitter = QSplitter(Qt.Orientation.Horizontal)
-        splitter.addWidget(scroll)
+        splitter.addWidget(self.controls)
         splitter.addWidget(self.tabs)
         splitter.setStretchFactor(1, 1)
-        splitter.setSizes([360, 1040])
+        splitter.setChildrenCollapsible(False)
+        splitter.setSizes([350, 1050])
         self.setCentralWidget(splitter)
         self.statusBar().showMessage("Ready")
+        self.glossary: GlossaryDialog | None = None
+        self.compare_settings = None
+        self._fresh = False  # the running job has not shown data yet: the previous results stay until it does
         self._menus()
 
         c, w = self.controller, self.controller.worker
@@ -66,6 +64,7 @@ class MainWindow(QMainWindow):
         c.result.connect(self._result)
         w.status.connect(self._status)
         w.generating.connect(self._generating)
+        w.step.connect(self.controls.set_point)
         w.item.connect(self._item)
         w.failed.connect(self.show_error)
         w.cancelled.connect(lambda: self._status("Stopped while loading"))
@@ -78,33 +77,39 @@ class MainWindow(QMainWindow):
         if settings is None:
             return False
         self.tabs.setCurrentWidget(self.live)
-        self.live.clear(settings.prompt)
-        return self.controller.start(Job("run", settings))
+        return self._start(Job("run", settings))
 
     def start_sweep(self) -> bool:
         settings = self._settings()
         if settings is None:
             return False
-        from hfspec.session import parse_list
-
         self.tabs.setCurrentWidget(self.sweep)
-        self.sweep.clear()
-        return self.controller.start(Job("sweep", settings, gammas=self.sweep.gammas(),
-                                         drafts=parse_list(self.sweep.drafts.text())))
+        return self._start(Job("sweep", settings, gammas=self.sweep.gammas(),
+                               drafts=parse_list(self.sweep.drafts.text()), repeats=self.sweep.repeats.value()))
 
     def start_compare(self) -> bool:
         settings = self._settings()
         if settings is None:
             return False
-        entries = self.compare.entries() or [settings.draft]
         self.tabs.setCurrentWidget(self.compare)
-        self.compare.clear()
-        return self.controller.start(Job("compare", settings, drafts=entries))
+        return self._start(Job("compare", settings, drafts=self.compare.entries() or [settings.draft],
+                               repeats=self.compare.repeats.value()))
+
+    def _start(self, job: Job) -> bool:
+        self._fresh = True
+        return self.controller.start(job)
 
     def show_error(self, title: str, message: str) -> None:
         self.last_error = (title, message)
         self._status(f"Error: {message.splitlines()[0] if message else title}")
         QMessageBox.critical(self, f"hfspec — {title}", message)
+
+    def show_glossary(self) -> GlossaryDialog:
+        if self.glossary is None:
+            self.glossary = GlossaryDialog(self)
+        self.glossary.show()
+        self.glossary.raise_()
+        return self.glossary
 
     # ------------------------------------------------------------------ export
     def export_plots(self, folder: str | None = None) -> list[str]:
@@ -122,51 +127,32 @@ class MainWindow(QMainWindow):
         return paths
 
     def statistics(self) -> dict:
-        """The statistics on show: the last run, sweep and compare (JSON-ready)."""
-        out = {}
-        if self.live.result is not None:
-            out["run"] = self.live.result.to_dict()
-        if self.sweep.points:
-            out["sweep"] = [vars(p) for p in self.sweep.points]
-        if self.compare.rows:
-            out["compare"] = [vars(r) for r in self.compare.rows]
-        return out
+        """The statistics on show (the last run, sweep and compare), with their settings; JSON-ready."""
+        return export.statistics(self.live.result, self.sweep.result, self.sweep.points, self.compare.rows,
+                                 self.compare_settings)
 
     def export_statistics(self, path: str | None = None) -> str | None:
-        """Write statistics as .json (everything) or .csv (one table: the current tab's)."""
+        """Write statistics as .json (everything) or .csv (the current tab's table; on the Live tab also the
+        per-pass series as name-passes.csv)."""
         if path is None:
             path, _ = QFileDialog.getSaveFileName(self, "Export statistics", "hfspec-stats.json",
                                                   "JSON (*.json);;CSV (*.csv)")
             if not path:
                 return None
         data = self.statistics()
-        if path.lower().endswith(".csv"):
-            rows = self._csv_rows(data)
-            with open(path, "w", newline="", encoding="utf-8") as fh:
-                if rows:
-                    writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-                    writer.writeheader()
-                    writer.writerows(rows)
+        if not path.lower().endswith(".csv"):
+            export.write_json(data, path)
+        elif self.tabs.currentWidget() is self.sweep and "sweep" in data:
+            export.write_csv(export.table_rows(data["sweep"]), path)
+        elif self.tabs.currentWidget() is self.compare and "compare" in data:
+            export.write_csv(export.table_rows(data["compare"]), path)
+        elif "run" in data:
+            export.write_csv(export.run_rows(data["run"]), path)
+            export.write_csv(data["run"]["series"], export.series_path(path))
         else:
-            with open(path, "w", encoding="utf-8") as fh:
-                json.dump(data, fh, indent=2, default=str)
+            export.write_csv([], path)
         self._status(f"Saved statistics to {path}")
         return path
-
-    def _csv_rows(self, data: dict) -> list[dict]:
-        current = self.tabs.currentWidget()
-        if current is self.sweep and "sweep" in data:
-            return data["sweep"]
-        if current is self.compare and "compare" in data:
-            return data["compare"]
-        if "run" in data:
-            summary = data["run"]["summary"]
-            stats = data["run"]["stats"]
-            rows = [{"quantity": k, "value": v} for k, v in summary.items()]
-            for i, (a, k) in enumerate(zip(stats["accepted_by_position"], stats["checked_by_position"], strict=True)):
-                rows.append({"quantity": f"accepted_by_position[{i + 1}]", "value": f"{a}/{k}"})
-            return rows
-        return []
 
     # ------------------------------------------------------------------ slots
     def _settings(self):
@@ -182,65 +168,96 @@ class MainWindow(QMainWindow):
         self.controls.set_busy(busy, loading=busy)
         self.sweep.run_button.setEnabled(not busy)
         self.compare.run_button.setEnabled(not busy)
+        self.stop_action.setEnabled(busy)
+        for action in self.start_actions:
+            action.setEnabled(not busy)
         if busy:
             self._status("Loading models…")
         elif not self.statusBar().currentMessage().startswith(("Run ", "Sweep ", "Compare ", "Error", "Stopped")):
             self._status("Ready")
 
+    def _take_fresh(self) -> bool:
+        """True once per job, when its first data arrives (then the previous results are cleared)."""
+        fresh, self._fresh = self._fresh, False
+        return fresh
+
     def _generating(self) -> None:
         job = self.controller.job
         if job is not None and job.kind == "run":
+            if self._take_fresh():
+                self.live.clear(job.settings.prompt)
             self.controls.set_progress(0, job.settings.max_new_tokens)
             self._status("Generating…")
 
     def _live(self, snapshots) -> None:
-        self.live.add(snapshots)
         job = self.controller.job
-        if job is not None and job.kind == "run":
-            self.controls.set_progress(snapshots[-1].new_tokens, job.settings.max_new_tokens)
+        if job is None or job.kind != "run":
+            return
+        if self._take_fresh():
+            self.live.clear(job.settings.prompt)
+        self.live.add(snapshots)
+        self.controls.set_progress(snapshots[-1].new_tokens, job.settings.max_new_tokens)
 
     def _item(self, item) -> None:
-        if isinstance(item, SweepPoint):
-            self.sweep.add_point(item)
-        elif isinstance(item, CompareRow):
+        fresh = self._take_fresh()
+        if isinstance(item, CompareRow):
+            if fresh:
+                self.compare.clear()
+                self.compare_settings = self.controller.job.settings if self.controller.job else None
             self.compare.add_row(item)
+        elif isinstance(item, SweepRow):
+            if fresh:
+                self.sweep.clear()
+            self.sweep.add_point(item)
 
     def _result(self, out) -> None:
         if isinstance(out, RunResult):
+            if self._take_fresh():
+                self.live.clear(out.settings.prompt)
             self.live.finish(out)
-            s = out.summary()
-            how = "stopped" if s["stopped"] else "done"
-            self._status(f"Run {how}: {s['new_tokens']} tokens in {s['target_passes']} target passes, "
-                         f"α = {s['alpha']:.3f}, {s['tokens_per_second']:.1f} tokens/s")
+            s = out.stats
+            how = "stopped" if s.stopped else "done"
+            ended = f", ended by {out.stop_reason}" if out.stop_reason else ""
+            self._status(f"Run {how}: {s.new_tokens} tokens in {s.target_passes} target passes{ended}, "
+                         f"α = {s.alpha:.3f}, {s.tokens_per_second:.1f} tokens/s")
         elif isinstance(out, SweepResult):
-            self.sweep.show_result(out)
+            if out.points:
+                self.sweep.show_result(out)
             self._status(f"Sweep {'stopped' if out.stopped else 'done'}: {len(out.points)} points")
         elif isinstance(out, list):
-            self.compare.show_rows(out)
+            if out:
+                self.compare.show_rows(out)
             self._status(f"Compare done: {len(out)} rows")
 
     def _status(self, text: str) -> None:
         self.statusBar().showMessage(text)
 
-    # ------------------------------------------------------------------ persistence and lifetime
+    # ------------------------------------------------------------------ menus
     def _menus(self) -> None:
-        menu = self.menuBar().addMenu("&File")
-        for text, slot, key in (("Export plots as &PNG…", self.export_plots, "Ctrl+E"),
-                                ("Export &statistics (CSV/JSON)…", self.export_statistics, "Ctrl+S"),
-                                ("&Quit", self.close, QKeySequence.StandardKey.Quit)):
-            action = QAction(text, self)
-            action.setShortcut(QKeySequence(key))
-            action.triggered.connect(lambda _=False, s=slot: s())
-            menu.addAction(action)
-        run = self.menuBar().addMenu("&Run")
-        for text, slot, key in (("&Run", self.start_run, "Ctrl+R"), ("S&top", self.controller.stop, "Esc"),
-                                ("&Sweep γ", self.start_sweep, ""), ("&Compare drafts", self.start_compare, "")):
+        def add(menu, text, slot, key=None):
             action = QAction(text, self)
             if key:
                 action.setShortcut(QKeySequence(key))
             action.triggered.connect(lambda _=False, s=slot: s())
-            run.addAction(action)
+            menu.addAction(action)
+            return action
 
+        file = self.menuBar().addMenu("&File")
+        add(file, "Export plots as &PNG…", self.export_plots, "Ctrl+E")
+        add(file, "Export &statistics (CSV/JSON)…", self.export_statistics, "Ctrl+S")
+        add(file, "Save generated &text…", self.live.save_text)
+        add(file, "&Quit", self.close, QKeySequence.StandardKey.Quit)
+        edit = self.menuBar().addMenu("&Edit")
+        add(edit, "&Copy generated text", self.live.copy_text)
+        run = self.menuBar().addMenu("&Run")
+        self.start_actions = [add(run, "&Run", self.start_run, "Ctrl+R")]
+        self.stop_action = add(run, "S&top", self.controller.stop, "Esc")
+        self.stop_action.setEnabled(False)
+        self.start_actions += [add(run, "&Sweep γ", self.start_sweep), add(run, "&Compare drafts", self.start_compare)]
+        help_menu = self.menuBar().addMenu("&Help")
+        add(help_menu, "&Glossary (α, γ, c, the formula)", self.show_glossary, "F1")
+
+    # ------------------------------------------------------------------ persistence and lifetime
     def _restore(self) -> None:
         saved = store.load_run_settings(self.store)
         if saved is not None:
@@ -253,12 +270,14 @@ class MainWindow(QMainWindow):
         if isinstance(geometry, QByteArray):
             self.restoreGeometry(geometry)
         else:
-            self.resize(1400, 900)
+            self.resize(*DEFAULT_SIZE)
         self.sweep.drafts.setText(store.load_value(self.store, "sweep/drafts", self.sweep.drafts.text()))
         self.sweep.gamma_from.setValue(store.load_value(self.store, "sweep/gamma_from", 1))
         self.sweep.gamma_to.setValue(store.load_value(self.store, "sweep/gamma_to", 8))
+        self.sweep.repeats.setValue(store.load_value(self.store, "sweep/repeats", 3))
         self.compare.items.setPlainText(store.load_value(self.store, "compare/items",
                                                          self.compare.items.toPlainText()))
+        self.compare.repeats.setValue(store.load_value(self.store, "compare/repeats", 3))
 
     def save_state(self) -> None:
         try:
@@ -269,7 +288,9 @@ class MainWindow(QMainWindow):
         store.save_value(self.store, "sweep/drafts", self.sweep.drafts.text())
         store.save_value(self.store, "sweep/gamma_from", self.sweep.gamma_from.value())
         store.save_value(self.store, "sweep/gamma_to", self.sweep.gamma_to.value())
+        store.save_value(self.store, "sweep/repeats", self.sweep.repeats.value())
         store.save_value(self.store, "compare/items", self.compare.items.toPlainText())
+        store.save_value(self.store, "compare/repeats", self.compare.repeats.value())
         self.store.sync()
 
     def shutdown(self) -> None:

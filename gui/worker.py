@@ -27,6 +27,7 @@ class Job:
     settings: RunSettings
     gammas: list[int] = field(default_factory=list)
     drafts: list[str] = field(default_factory=list)
+    repeats: int = 1
 
 
 class Worker(QObject):
@@ -34,7 +35,8 @@ class Worker(QObject):
 
     status = Signal(str)            # a line for the status bar
     generating = Signal()           # models are loaded, decoding started
-    item = Signal(object)           # a SweepPoint or CompareRow as it completes
+    step = Signal(int, int)         # sweep / compare: point i (from 1) of n starts
+    item = Signal(object)           # a SweepRow or CompareRow as it completes
     result = Signal(object)         # RunResult | SweepResult | list[CompareRow]
     failed = Signal(str, str)       # title, message
     cancelled = Signal()
@@ -62,11 +64,13 @@ class Worker(QObject):
                 out = self.session.run(job.settings, on_live=on_live, should_stop=should_stop,
                                        progress=self.status.emit)
             elif job.kind == "sweep":
-                out = self.session.sweep(job.settings, job.gammas, job.drafts or None, on_point=self.item.emit,
-                                         should_stop=should_stop, progress=self.status.emit)
+                out = self.session.sweep(job.settings, job.gammas, job.drafts or None, repeats=job.repeats,
+                                         on_point=self.item.emit, should_stop=should_stop,
+                                         progress=self.status.emit, on_step=self.step.emit)
             elif job.kind == "compare":
-                out = self.session.compare(job.settings, job.drafts, on_row=self.item.emit,
-                                           should_stop=should_stop, progress=self.status.emit)
+                out = self.session.compare(job.settings, job.drafts, repeats=job.repeats, on_row=self.item.emit,
+                                           should_stop=should_stop, progress=self.status.emit,
+                                           on_step=self.step.emit)
             else:
                 raise HfspecError(f"job kind: got {job.kind!r}; allowed: run, sweep, compare")
         except Cancelled:

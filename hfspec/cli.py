@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 from hfspec.errors import HfspecError
 
@@ -74,13 +76,54 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("presets", help="list the presets")
     gui = sub.add_parser("gui", help="open the dashboard")
     gui.add_argument("--preset", help="start with this preset")
+    gui.add_argument("--settings", metavar="FILE.ini", help="settings file (default: the user's)")
     gui.add_argument("--run", action="store_true", help="start a run at once")
     return parser
+
+
+def _check_args(args) -> None:
+    """Counts, draft lists and output files, checked before anything loads or runs."""
+    repeats = getattr(args, "repeats", None)
+    if repeats is not None and repeats < 1:
+        raise HfspecError(f"repeats: got {repeats}; allowed: an integer >= 1")
+    drafts = getattr(args, "drafts", None)
+    if drafts is not None and not [d for d in drafts.split(",") if d.strip()]:
+        raise HfspecError(f"drafts: got {drafts!r}; allowed: comma-separated draft specs, e.g. rtn4,rtn3-g64")
+    for flag in ("csv", "plot"):
+        if getattr(args, flag, None):
+            _check_writable(getattr(args, flag), f"--{flag}")
+    if getattr(args, "plot", None):
+        _check_plot_format(args.plot)
+
+
+def _check_writable(path: str, field: str) -> None:
+    """The output file can be created or overwritten (checked before the work whose result it holds)."""
+    target = Path(path).expanduser()
+    folder = target.parent
+    if target.is_dir():
+        raise HfspecError(f"{field}: {path!r} is a folder; allowed: a file path in a writable folder")
+    if not folder.is_dir():
+        raise HfspecError(f"{field}: folder {str(folder)!r} does not exist; allowed: a file path in a writable folder")
+    if not os.access(folder, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise HfspecError(f"{field}: {path!r} is not writable; allowed: a file path in a writable folder")
+
+
+def _check_plot_format(path: str) -> None:
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as error:
+        raise HfspecError("--plot: matplotlib is not installed; allowed: pip install 'hfspec[plot]'") from error
+    kinds = Figure().canvas.get_supported_filetypes()
+    suffix = Path(path).suffix.lstrip(".").lower()
+    if suffix not in kinds:
+        raise HfspecError(f"--plot: got {path!r}; allowed: a file ending in .{', .'.join(sorted(kinds))}")
 
 
 def _settings(args, **extra):
     from hfspec.drafts import parse_draft_spec
     from hfspec.session import RunSettings
+
+    _check_args(args)
 
     overrides = {k: v for k, v in {
         "target": args.target, "draft": args.draft, "temperature": args.temperature, "top_k": args.top_k,
@@ -174,8 +217,9 @@ def cmd_compare(args) -> int:
     if args.json:
         print(report.dumps(rows))
     else:
-        print(report.table(rows, ["draft", "gamma", "alpha", "tokens_per_pass", "c_bytes", "c_time",
+        print(report.table(rows, ["draft", "fidelity", "gamma", "alpha", "tokens_per_pass", "c_bytes", "c_time",
                                   "estimated_speedup", "measured_speedup", "tokens_per_second"]))
+        print("fidelity: mean Σmin(p, q) of draft and target over the prompt's positions (≈ α at T=1; 1 = same)")
     return 0
 
 
@@ -216,7 +260,8 @@ def cmd_gui(args) -> int:
     except ImportError as error:
         raise HfspecError(f"gui: the dashboard needs PySide6 and pyqtgraph ({error}); allowed: "
                           "pip install 'hfspec[gui]'") from error
-    return gui_main((["--preset", args.preset] if args.preset else []) + (["--run"] if args.run else []))
+    return gui_main((["--preset", args.preset] if args.preset else []) + (["--run"] if args.run else [])
+                    + (["--settings", args.settings] if args.settings else []))
 
 
 COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "compare": cmd_compare, "bench": cmd_bench,

@@ -14,7 +14,9 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from hfspec import validate
 from hfspec.decoding import decode
+from hfspec.drafts.base import NoDraft, as_draft
 from hfspec.gamma import AdaptiveGamma, FixedGamma
+from hfspec.options import check_generate_kwargs, check_speculative_options
 from hfspec.scoring import Scorer
 from hfspec.stats import SpecStats
 from hfspec.stopping import Stopper
@@ -42,9 +44,12 @@ def speculative_generate(
     on_round=None,
     should_stop=None,
     plain: bool = False,
+    stop_strings: str | list[str] | None = None,
     **model_kwargs,
 ):
     """The decoding loop transformers calls after its input preparation (pass as `custom_generate=`)."""
+    stopping_criteria = check_speculative_options(model, draft_model, input_ids, generation_config, stopping_criteria,
+                                                  streamer, seed, stop_strings)
     if not plain:
         validate.check_gamma(gamma)
         if draft_model is None:
@@ -62,7 +67,7 @@ def speculative_generate(
     pad_id = int(pad.flatten()[0]) if pad is not None else (int(eos.flatten()[0]) if eos is not None else 0)
     result = decode(
         model,
-        None if plain else draft_model,
+        NoDraft() if plain else as_draft(draft_model, vocab=draft_vocab),
         input_ids,
         model_kwargs.get("attention_mask"),
         scorer=Scorer(logits_processor, bool(generation_config.do_sample), validate.vocab_size(model)),
@@ -73,7 +78,6 @@ def speculative_generate(
         streamer=streamer,
         on_round=on_round,
         should_stop=should_stop,
-        draft_vocab=draft_vocab,
         stats=stats,
     )
     if generation_config.return_dict_in_generate:
@@ -102,6 +106,7 @@ def generate(
     target's distribution. Other keyword arguments go to `target.generate` (e.g. `eos_token_id`, `min_p`,
     `repetition_penalty`, `stopping_criteria`, `streamer`, `logits_processor`).
     """
+    generation_kwargs = check_generate_kwargs(input_ids, temperature, seed, generation_kwargs)
     validate.check_gamma(gamma)
     return _run(target, input_ids, draft, gamma, temperature, top_k, top_p, max_new_tokens, seed, attention_mask,
                 on_round, should_stop, generation_kwargs, plain=False)
@@ -121,6 +126,7 @@ def plain_generate(
     **generation_kwargs,
 ) -> SpeculativeOutput:
     """The baseline: one target pass per token through the same loop (same sampling, same statistics)."""
+    generation_kwargs = check_generate_kwargs(input_ids, temperature, seed, generation_kwargs)
     return _run(target, input_ids, None, 1, temperature, top_k, top_p, max_new_tokens, seed, attention_mask,
                 on_round, should_stop, generation_kwargs, plain=True)
 

@@ -10,6 +10,11 @@
 * a hub id (``"HuggingFaceTB/SmolLM2-135M-Instruct"``) — taken from the local hub cache, downloaded when
   online; with ``HF_HUB_OFFLINE=1`` or no network an uncached id is a clear :class:`HfspecError`.
 
+A loaded model must be exactly its checkpoint: a config.json that does not match the weights (missing, extra
+or mis-shaped tensors) and a truncated or empty ``.safetensors`` file are refused by name. Loads are serialised
+process-wide (transformers' loading is not thread-safe) and each is checked for tensors left on the meta
+device and for tied weights that are not tied (:func:`check_loaded`).
+
 Every user mistake (missing path, folder without ``config.json``, uncached hub id, missing ``gguf`` package,
 unknown dtype or device, unavailable CUDA device) raises :class:`hfspec.errors.HfspecError` naming the field
 (``role``: ``"target"``, ``"draft"``, ...) and what is allowed; errors from inside transformers for these
@@ -41,6 +46,7 @@ __all__ = [
     "DEVICE_NAMES",
     "DEVICE_MAP_NAMES",
     "ResolvedSource",
+    "check_loaded",
     "load_model",
     "load_tokenizer",
     "parse_device",
@@ -263,7 +269,10 @@ def resolve_source(source, *, gguf_file=None, role: str = "model") -> ResolvedSo
                 "(or pass the .gguf path alone)"
             )
         if _looks_like_path(source) or not _is_repo_id(source):
-            raise HfspecError(f"{role}: no such folder or file: {expanded!r}")
+            raise HfspecError(
+                f"{role}: no such folder {expanded!r} (to read the GGUF file {gguf_file!r} from); allowed: an "
+                "existing folder or a hub id with gguf_file=, or the .gguf path alone"
+            )
         return ResolvedSource("hub", source, gguf_file)
 
     if os.path.isdir(expanded):
@@ -304,6 +313,13 @@ def resolve_source(source, *, gguf_file=None, role: str = "model") -> ResolvedSo
         repo, name = source.rsplit("/", 1)  # "org/repo/file.gguf" on the hub
         if _is_repo_id(repo):
             return ResolvedSource("hub", repo, name)
+    if source.lower().endswith(".gguf"):
+        folder = os.path.dirname(os.path.abspath(expanded))
+        listing = _gguf_listing(folder) if os.path.isdir(folder) else f"; the folder {folder!r} does not exist"
+        raise HfspecError(
+            f"{role}: no such GGUF file {expanded!r}{listing} (allowed: an existing .gguf file, a local folder, "
+            "or a hub id like 'org/name')"
+        )
     if _looks_like_path(source) or not _is_repo_id(source):
         raise HfspecError(
             f"{role}: no such folder or file: {expanded!r} (allowed: a local folder, "
@@ -402,6 +418,12 @@ def _translate(exc: Exception, src: ResolvedSource, role: str, what: str) -> Hfs
     return HfspecError(f"{role}: could not load the {what} from {src.describe()!r}: {text.strip()}")
 
 
+_LOAD_LOCK = threading.RLock()  # held around every from_pretrained of load_model (see check_loaded)
+_RACE = (
+    "another thread was probably loading a model with transformers at the same time (its loading is not "
+    "thread-safe); allowed: one load at a time (hfspec's load_model serialises its own; restart the process "
+    "if loads outside hfspec overlapped)"
+)
 _tls = threading.local()  # per-thread progress mode of the load in progress (None: no hfspec load)
 _hook_lock = threading.Lock()
 _hook_installed = False
@@ -587,14 +609,25 @@ def load_model(
     from transformers import AutoModelForCausalLM
 
     _install_tqdm_hook()
+    want_info = bool(kwargs.pop("output_loading_info", False))
+    ignore_mismatched = bool(kwargs.pop("ignore_mismatched_sizes", False))
     saved = getattr(_tls, "progress", None)
     _tls.progress = progress if callable(progress) else bool(progress)
     try:
-        model = AutoModelForCausalLM.from_pretrained(src.path, **kwargs)
+        with _LOAD_LOCK:  # transformers swaps class attributes while loading: one load at a time per process
+            loaded = AutoModelForCausalLM.from_pretrained(
+                src.path, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs
+            )
+            model, info = loaded if isinstance(loaded, tuple) else (loaded, {})
+            check_loaded(model, info, role, src.describe(), ignore_mismatched)
     except HfspecError:
         raise
     except (OSError, ValueError, ImportError, KeyError) as exc:
         raise _translate(exc, src, role, "model") from exc
+    except Exception as exc:
+        if type(exc).__name__ != "SafetensorError":
+            raise
+        raise _damaged_weights(exc, src, role) from exc
     finally:
         _tls.progress = saved
     if src.gguf_file:
@@ -603,7 +636,7 @@ def load_model(
     elapsed = time.perf_counter() - start
     n_params = sum(p.numel() for p in model.parameters())
     _report(progress, f"loaded {src.describe()} in {elapsed:.1f} s ({_human(n_params)} parameters)")
-    return model
+    return (model, info) if want_info else model
 
 
 def load_tokenizer(
@@ -631,6 +664,67 @@ def load_tokenizer(
         raise
     except (OSError, ValueError, ImportError, KeyError) as exc:
         raise _translate(exc, src, role, "tokenizer") from exc
+
+
+def check_loaded(model, info: dict, role: str, where: str, ignore_mismatched: bool = False) -> None:
+    """Refuse a model that is not exactly its checkpoint: weights the config expects but the files lack (they
+    would be random), weights the files hold but the config has no place for, shape mismatches, parameters
+    left on the meta device, and tied weights that are not tied. The last two happen when two threads load at
+    once (transformers replaces `PreTrainedModel.tie_weights` while loading), which `_LOAD_LOCK` prevents
+    for hfspec's own loads."""
+    tied = getattr(model, "all_tied_weights_keys", None) or {}
+    untied = sorted(set(info.get("missing_keys") or ()) & set(tied))  # tying skipped: reported as missing
+    if untied:
+        raise HfspecError(
+            f"{role}: tensor {untied[0]} of {where!r} should be tied to {tied[untied[0]]} but was not tied while "
+            f"loading; {_RACE}"
+        )
+    problems = [
+        ("missing from the weight files (it would be random)", sorted(info.get("missing_keys") or ())),
+        ("in the weight files but not in the model config", sorted(info.get("unexpected_keys") or ())),
+        ("of a different shape in the weight files", [] if ignore_mismatched else
+         [f"{k} {tuple(a)} vs {tuple(b)}" for k, a, b in sorted(info.get("mismatched_keys") or ())]),
+        ("not loadable", list(info.get("error_msgs") or ())),
+    ]
+    for what, names in problems:
+        if names:
+            shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            raise HfspecError(
+                f"{role}: tensor {shown} {what}; config.json of {where!r} does not match its weights; "
+                "allowed: a config.json that describes the weights (layers, sizes, vocabulary)"
+            )
+    hooked = [name for name, module in model.named_modules() if hasattr(module, "_hf_hook")]  # accelerate
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if tensor.is_meta and not any(h == "" or name.startswith(h + ".") for h in hooked):
+            raise HfspecError(f"{role}: tensor {name} of {where!r} was left on the meta device (never loaded); {_RACE}")
+    for name, source in tied.items():
+        try:
+            a, b = model.get_parameter(name), model.get_parameter(source)
+        except AttributeError:
+            continue
+        if a is not b and not a.is_meta and not b.is_meta and a.data_ptr() != b.data_ptr():
+            raise HfspecError(
+                f"{role}: tensor {name} of {where!r} should be tied to {source} but is a separate tensor; {_RACE}"
+            )
+
+
+def _damaged_weights(exc: Exception, src: ResolvedSource, role: str) -> HfspecError:
+    """The weight file safetensors could not read (truncated, empty), found by opening each in turn."""
+    bad = src.describe()
+    if src.local and not src.gguf_file:
+        from safetensors import safe_open
+
+        for name in sorted(n for n in os.listdir(src.path) if n.endswith(".safetensors")):
+            try:
+                with safe_open(os.path.join(src.path, name), "pt"):
+                    pass
+            except Exception:
+                bad = os.path.join(src.path, name)
+                break
+    return HfspecError(
+        f"{role}: weight file {bad!r} is damaged ({str(exc).strip()}); allowed: a complete .safetensors file "
+        "(truncated or empty files come from interrupted downloads or copies: fetch it again)"
+    )
 
 
 def _drop_gguf_quantizer(model):

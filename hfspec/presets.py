@@ -9,7 +9,7 @@ A preset file is a flat TOML table::
 
     description = "Embedded 1.8M micro model, 4-bit RTN copy of itself as draft"
     target = "models/micro"      # folder (relative to the .toml file's folder) or hub id
-    draft = "rtn4"               # as hfspec.make_draft takes it: rtnB[-gN], bnb-nf4|fp4|int8, folder, hub id
+    draft = "rtn4"               # as hfspec.make_draft takes it (hfspec.drafts.registry): rtnB[-gN], bnb-…, folder, hub id
     gamma = 4                    # integer >= 1, or "auto"
     temperature = 1.0
     top_k = 0                    # 0: off
@@ -18,6 +18,7 @@ A preset file is a flat TOML table::
     seed = 1
     prompt = "Return the"
     chat = false                 # optional: wrap the prompt in the tokenizer's chat template
+    ignore_eos = false           # optional: always generate max_new_tokens tokens (EOS suppressed until then)
     needs_download = false       # true when target or draft come from the Hugging Face hub
 
 The presets folder is ``$HFSPEC_PRESETS`` when set, else ``presets/`` of the source checkout, else
@@ -71,10 +72,10 @@ _FIELDS: dict[str, tuple[tuple[type, ...], Any]] = {
     "seed": ((int,), 1),
     "prompt": ((str,), REQUIRED),
     "chat": ((bool,), False),
+    "ignore_eos": ((bool,), False),
     "needs_download": ((bool,), REQUIRED),
 }
 ALLOWED_KEYS = tuple(_FIELDS)
-_RTN = re.compile(r"rtn(\d+)(?:-g(\d+))?")
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
@@ -163,6 +164,7 @@ class Preset:
     needs_download: bool
     description: str = ""
     chat: bool = False
+    ignore_eos: bool = False
     path: Path | None = None
     raw: dict = field(default_factory=dict, repr=False)
 
@@ -173,8 +175,10 @@ class Preset:
 
     @property
     def draft_kind(self) -> str:
-        """"quant" for rtn/bnb drafts (a copy of the target), else "sibling"."""
-        return "quant" if _QUANT_SPEC(self.draft) else "sibling"
+        """"quant" for rtn/bnb drafts (a copy of the target), "sibling" for a model, else the registry's kind
+        name (e.g. "lookup")."""
+        kind = _registered_kind(self.draft)
+        return "sibling" if kind is None else "quant" if kind in ("rtn", "bnb") else kind
 
     def sampling_kwargs(self) -> dict:
         """Keyword arguments for hfspec.generate / plain_generate (top_k 0 and top_p 1.0 mean off)."""
@@ -185,7 +189,7 @@ class Preset:
             "top_p": None if self.top_p >= 1.0 else float(self.top_p),
             "max_new_tokens": self.max_new_tokens,
             "seed": self.seed,
-        }
+        } | ({"min_new_tokens": self.max_new_tokens} if self.ignore_eos else {})
 
     def encode_prompt(self, tokenizer, prompt: str | None = None):
         """Token ids [1, n] for ``prompt`` (default: the preset's), chat-templated when ``chat`` is set."""
@@ -210,7 +214,7 @@ class Preset:
         tokenizer = load_tokenizer(self.target, role="target")
         if say:
             say(f"building draft {self.draft}…")
-        if _QUANT_SPEC(self.draft):
+        if _registered_kind(self.draft) is not None:
             draft = make_draft(target, self.draft)
         else:
             draft = make_draft(target, self.draft, target_tokenizer=tokenizer, progress=progress)
@@ -220,9 +224,16 @@ class Preset:
         return {k: getattr(self, k) for k in ("name", *ALLOWED_KEYS)} | {"path": str(self.path) if self.path else None}
 
 
-def _QUANT_SPEC(spec: str) -> bool:  # noqa: N802 - reads like a predicate constant
-    low = spec.strip().lower()
-    return bool(_RTN.fullmatch(low)) or low.startswith("bnb-")
+def _registered_kind(spec: str) -> str | None:
+    """The registry's kind of a draft spec that names no model (rtn, bnb, lookup, ...); None for a folder or
+    hub id (a sibling, resolved against the preset's folder). A malformed spec of a kind raises HfspecError."""
+    from hfspec.drafts import registry
+
+    text = spec.strip()
+    for kind in registry.choices():
+        if kind.name != "sibling" and kind.parse(text, text.lower()) is not None:
+            return kind.name
+    return None
 
 
 # ------------------------------------------------------------------------------------------------ loading
@@ -306,15 +317,12 @@ def _resolve_model(where: str, key: str, value: str, base: Path, needs_download:
 
 def _resolve_draft(where: str, value: str, base: Path, needs_download: bool) -> str:
     text = value.strip()
-    low = text.lower()
-    if low.startswith(("rtn", "bnb")):
-        from hfspec.drafts import parse_draft_spec
-
-        try:
-            parse_draft_spec(low)
-        except HfspecError as exc:
-            raise HfspecError(f"{where}: {exc}") from exc
-        return low
+    try:
+        kind = _registered_kind(text)
+    except HfspecError as exc:
+        raise HfspecError(f"{where}: {exc}") from exc
+    if kind is not None:
+        return text.lower()
     return _resolve_model(where, "draft", text, base, needs_download)
 
 

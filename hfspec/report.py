@@ -25,29 +25,36 @@ def legend(colour: bool) -> str:
     return "  ".join(f"{COLOURS[n]}{n}{RESET}" if colour else n for n in names)
 
 
-def stats_lines(stats: SpecStats, baseline_tps: float | None = None) -> list[str]:
-    """The numbers of one run, one per line."""
+STOP_WORDS = {"eos": "EOS", "max_tokens": "max new tokens", "stop_criteria": "stop string / criteria",
+              "user": "stopped by the user", "mixed": "rows ended differently"}
+
+
+def stats_lines(stats: SpecStats, baseline_tps: float | None = None, baseline_tokens: int | None = None) -> list[str]:
+    """The numbers of one run, one per line. The estimate uses the measured c_time; the bytes-based figure is
+    the weight-bound ideal."""
     s = stats
     lines = [
         f"γ                        {s.gamma} (mean {s.mean_gamma:.2f})",
         f"target passes            {s.target_passes}",
-        f"new tokens               {s.new_tokens}",
+        f"new tokens               {s.new_tokens}" + (f" (ended: {STOP_WORDS.get(s.stop_reason, s.stop_reason)})"
+                                                       if s.stop_reason else ""),
         f"draft tokens             proposed {s.proposed}, checked {s.checked}, accepted {s.accepted}",
         f"acceptance rate α        {s.alpha:.3f}",
         f"tokens per target pass   {s.tokens_per_pass:.2f} (formula {s.expected_tokens_per_pass:.2f})",
         f"accepted by position     {_ratios(s.accepted_by_position, s.checked_by_position)}",
         f"accepted length hist     {s.accepted_length_hist}",
+        f"c (time)                 {s.c_time:.3f}  (mean draft forward / mean target forward, measured)",
         f"c (bytes)                {s.c_bytes:.3f}  ({s.draft_bytes / 1e6:.2f} MB / {s.target_bytes / 1e6:.2f} MB)",
-        f"c (time)                 {s.c_time:.3f}",
-        f"estimated speed-up       {s.estimated_speedup:.2f}× (c bytes), "
-        f"{estimated_speedup(s.alpha, round(s.mean_gamma), s.c_time):.2f}× (c time)",
+        f"estimated speed-up       {s.estimated_speedup:.2f}× (c time); weight-bound ideal "
+        f"{s.ideal_speedup:.2f}× (c bytes)",
         f"time                     {s.time_total:.2f} s: draft {s.time_draft:.2f}, target {s.time_target:.2f}, "
         f"other {s.time_other:.2f}",
         f"tokens per second        {s.tokens_per_second:.1f}",
     ]
     if baseline_tps:
+        length = f"{baseline_tokens} tokens, " if baseline_tokens else ""
         lines.append(f"measured speed-up        {s.tokens_per_second / baseline_tps:.2f}× "
-                     f"(plain decoding {baseline_tps:.1f} tok/s)")
+                     f"(plain decoding: {length}{baseline_tps:.1f} tok/s)")
     return lines
 
 
@@ -85,7 +92,8 @@ def dumps(data) -> str:
 
 
 def plot_sweep(rows: list[dict], path: str | Path) -> None:
-    """The plate's figure: tokens per pass against γ (measured points, formula curve) and speed-up against γ."""
+    """The plate's figure: tokens per pass against γ (measured points ± 1 s.d. over repeats, formula curve) and
+    speed-up against γ (measured ± 1 s.d., the estimate with the measured c_time, the weight-bound ideal)."""
     try:
         import matplotlib
 
@@ -102,20 +110,32 @@ def plot_sweep(rows: list[dict], path: str | Path) -> None:
         gs = [r["gamma"] for r in pts]
         checked = sum(r["checked"] for r in pts)
         alpha = sum(r["accepted"] for r in pts) / checked if checked else 0.0
-        c = pts[0]["c_bytes"]
+        c_time = sum(r["c_time"] for r in pts) / len(pts)
+        c_bytes = pts[0]["c_bytes"]
         curve = list(range(1, max(gs) + 1))
-        ax1.plot(gs, [r["tokens_per_pass"] for r in pts], "o", color=colour, label=f"{draft} measured")
+        ax1.errorbar(gs, [r["tokens_per_pass"] for r in pts], yerr=_errors(pts, "tokens_per_pass_sd"), fmt="o",
+                     color=colour, capsize=3, label=f"{draft} measured")
         ax1.plot(curve, [expected_tokens_per_pass(alpha, g) for g in curve], "-", color=colour, alpha=0.6,
                  label=f"{draft} formula, α={alpha:.2f}")
-        ax2.plot(curve, [estimated_speedup(alpha, g, c) for g in curve], "-", color=colour, alpha=0.6,
-                 label=f"{draft} estimated, c={c:.2f}")
-        ax2.plot(gs, [r["measured_speedup"] for r in pts], "s", color=colour, label=f"{draft} measured (wall clock)")
-    ax1.set(xlabel="γ (draft tokens per round)", ylabel="tokens per target pass", title="Tokens per target pass")
-    ax2.set(xlabel="γ (draft tokens per round)", ylabel="speed-up over plain decoding (×)", title="Speed-up")
+        if c_time > 0:  # no estimate where no draft forward was timed (prompt lookup)
+            ax2.plot(curve, [estimated_speedup(alpha, g, c_time) for g in curve], "-", color=colour, alpha=0.6,
+                     label=f"{draft} estimated, c_time={c_time:.2f}")
+        ax2.plot(curve, [estimated_speedup(alpha, g, c_bytes) for g in curve], ":", color=colour, alpha=0.5,
+                 label=f"{draft} weight-bound ideal, c_bytes={c_bytes:.2f}")
+        ax2.errorbar(gs, [r["measured_speedup"] for r in pts], yerr=_errors(pts, "measured_speedup_sd"), fmt="s",
+                     color=colour, capsize=3, label=f"{draft} measured (wall clock)")
+    repeats = max((r.get("repeats", 1) for r in rows), default=1)
+    note = f" (bars: ± 1 s.d. over {repeats} repeats)" if repeats > 1 else ""
+    ax1.set(xlabel="γ (draft tokens per round)", ylabel="tokens per target pass", title="Tokens per target pass" + note)
+    ax2.set(xlabel="γ (draft tokens per round)", ylabel="speed-up over plain decoding (×)", title="Speed-up" + note)
     ax2.axhline(1.0, color="grey", lw=0.8, ls="--")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)  # off the data
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
+
+
+def _errors(rows: list[dict], key: str) -> list[float]:
+    return [r.get(key) or 0.0 for r in rows]

@@ -10,6 +10,7 @@ import torch
 from transformers import LogitsProcessorList
 from transformers.generation import logits_process as lp
 
+from hfspec.errors import HfspecError
 from hfspec.sampling import scores_to_probs
 
 # Warpers whose output depends only on the scores, never on the token history: safe to apply to many
@@ -42,13 +43,23 @@ class Scorer:
         it: length-dependent processors such as min_new_tokens must see each row's own length),
         extra: [B, ≥k-1] tokens, logits: [B, k, V'] raw logits (V' is padded or cut to the target's V).
         """
-        return scores_to_probs(self.scores(history, extra, logits), self.do_sample)
+        scores = self.scores(history, extra, logits)
+        probs = scores_to_probs(scores, self.do_sample)
+        if self.do_sample:  # NaN and +inf scores, and rows all −inf, give NaN sums; one reduction finds them
+            require_distributions(probs.sum(-1) > 0, scores, history)
+        else:
+            require_distributions(_best_is_finite(scores, scores.argmax(-1)), scores, history)
+        return probs
 
     def greedy(self, history: list | None, extra: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """argmax tokens [B, k] of the processed scores (what `probs` puts all its mass on when greedy)."""
         if not self.per_position and not self.batched and logits.shape[-1] <= self.vocab_size:
-            return logits.argmax(-1)  # nothing to process: skip the float copy
-        return self.scores(history, extra, logits).argmax(-1)
+            scores = logits  # nothing to process: skip the float copy
+        else:
+            scores = self.scores(history, extra, logits)
+        tokens = scores.argmax(-1)
+        require_distributions(_best_is_finite(scores, tokens), scores, history)
+        return tokens
 
     def scores(self, history: list | None, extra: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """Processed scores [B, k, V] (the arguments of `probs`)."""
@@ -64,6 +75,30 @@ class Scorer:
         if self.batched:
             scores = _apply(self.batched, extra, scores.reshape(batch * k, vocab)).reshape(batch, k, vocab)
         return scores
+
+
+def _best_is_finite(scores: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """[B, k] True where the argmax score is a number above −inf (argmax lands on a NaN when there is one)."""
+    best = scores.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return best > -float("inf")
+
+
+def require_distributions(ok: torch.Tensor, scores: torch.Tensor, history: list | None) -> None:
+    """HfspecError naming the first row and position whose processed scores give no distribution
+    (NaN, +inf, or every token at −inf): sampling from it would silently return a fixed token."""
+    if bool(ok.all()):
+        return
+    row, j = (int(i) for i in (~ok).nonzero()[0])
+    bad = scores[row, j]
+    what = "NaN" if bool(bad.isnan().any()) else "+inf" if bool(bad.isposinf().any()) else "-inf for every token"
+    length = next((ids.shape[1] for rows, ids in history or [] if bool((rows == row).any())), None)
+    where = f"sequence position {length + j}" if length is not None else f"new-token offset {j} of this step"
+    raise HfspecError(
+        f"logits_processor: the next-token scores of batch row {row} at {where} are {what} after the logits "
+        "processors, so there is no distribution to draw from; allowed: scores without NaN or +inf and with at "
+        "least one token above -inf (check custom logits processors, bad_words_ids / suppress_tokens, and the "
+        "model's dtype)"
+    )
 
 
 def _apply(processors: list, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:

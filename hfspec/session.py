@@ -1,37 +1,46 @@
-"""The model side of the desktop dashboard, without Qt: settings, cached models, runs, baselines, sweeps.
+"""The model side of the desktop dashboard, without Qt: settings, cached models, runs, sweeps, comparisons.
 
     from hfspec.session import RunSettings, Session
     session = Session()
     settings = RunSettings.from_preset("micro-rtn4", gamma=4, max_new_tokens=32)
     result = session.run(settings, on_live=print)          # RunResult: stats, coloured tokens, speed-ups
-    sweep = session.sweep(settings, gammas=range(1, 9), drafts=["rtn4", "rtn3-g64"])
+    sweep = session.sweep(settings, gammas=range(1, 9), drafts=["rtn4", "rtn3-g64"], repeats=3)
     rows = session.compare(settings, drafts=["rtn4", "rtn3-g64", "models/nano"])
 
-Everything returns plain data (dataclasses, lists, floats). `should_stop()` is polled between loading steps,
-during loading (through the progress callback) and once per target pass by the engine; a stop while loading
-raises :class:`Cancelled`, a stop while generating ends the run cleanly (``stats.stopped``).
-Live displays get a :class:`LiveSnapshot` after every target pass; :class:`LiveBuffer` is a thread-safe
-queue for them (the producer pushes, a GUI timer drains at its own rate).
+Everything returns plain data (dataclasses, lists, floats). Sweeps and comparisons are `hfspec.sweep`, the CLI's
+engine (repeats, fixed length, baselines measured beside each run). A run's baseline is plain decoding of
+exactly the run's token count, measured right after it, never cached. Draft specs go through the one registry
+(`hfspec.drafts.registry`). `should_stop()` is polled between loading steps, during loading (through the
+progress callback) and once per target pass by the engine; a stop while loading raises :class:`Cancelled`, a
+stop while generating ends the run cleanly (``stats.stopped``). Live displays get a :class:`LiveSnapshot` after
+every target pass; :class:`LiveBuffer` is a thread-safe queue for them (the producer pushes, a GUI timer drains
+at its own rate).
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
+from hfspec.drafts import registry
 from hfspec.errors import HfspecError
 from hfspec.stats import SpecStats, estimated_speedup, expected_tokens_per_pass
-from hfspec.validate import check_gamma
+from hfspec.sweep import SweepRow, plain_run
+from hfspec.sweep import sweep as run_sweep
+from hfspec.validate import GAMMA_MAX, check_gamma
 
-GAMMA_MAX = 16
 ROLLING_WINDOW = 16  # target passes in the rolling acceptance rate
-BNB_TYPES = ("nf4", "fp4", "int8")
+STOP_REASONS = {"eos": "EOS", "max_tokens": "max tokens", "stop_criteria": "stop string", "user": "user (Stop)",
+                "mixed": "mixed"}
 
 Progress = Callable[[str], None]
 StopCheck = Callable[[], bool]
+Step = Callable[[int, int], None]  # (point index from 1, number of points)
 
 
 class Cancelled(Exception):  # noqa: N818 - it is an outcome, not an error
@@ -58,6 +67,8 @@ class RunSettings:
     chat: bool = False
     measure_baseline: bool = True
     ignore_eos: bool = False  # generate exactly max_new_tokens (EOS masked, as min_new_tokens does)
+    device: str = ""  # "" : the session's default; cpu | cuda | cuda:N | mps | auto
+    dtype: str = ""   # "" : the session's default; float32 | bfloat16 | float16 | auto
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> RunSettings:
@@ -67,29 +78,42 @@ class RunSettings:
         p = load_preset(name)
         values = dict(target=p.target, draft=p.draft, gamma=p.gamma, temperature=float(p.temperature),
                       top_k=int(p.top_k), top_p=float(p.top_p), max_new_tokens=int(p.max_new_tokens),
-                      seed=int(p.seed), prompt=p.prompt, preset=p.name, chat=bool(p.chat))
+                      seed=int(p.seed), prompt=p.prompt, preset=p.name, chat=bool(p.chat),
+                      ignore_eos=bool(p.ignore_eos))
         values.update(overrides)
         return cls(**values)
 
     def validated(self) -> RunSettings:
-        """Self, after checking every field (HfspecError naming the field and what is allowed)."""
-        if not str(self.target).strip():
-            raise HfspecError("target: empty; allowed: a model folder, a hub id (owner/name) or a .gguf file")
-        if not str(self.draft).strip():
-            raise HfspecError("draft: empty; allowed: rtnB[-gN], bnb-nf4|fp4|int8, or a sibling folder / hub id")
+        """Self, after checking every field's type and range (HfspecError naming the field and what is allowed)."""
+        from hfspec.errors import bad_value
+        from hfspec.loading import parse_device, parse_dtype
+        from hfspec.validate import check_sampling
+
+        for name, what in (("target", "a model folder, a hub id (owner/name) or a .gguf file"),
+                           ("draft", "rtnB[-gN], bnb-nf4|fp4|int8, or a sibling folder / hub id"),
+                           ("prompt", "some text to continue")):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not (value if name == "prompt" else value.strip()):
+                raise bad_value(name, value, what)
         check_gamma(self.gamma)
-        if self.temperature < 0:
-            raise HfspecError(f"temperature: got {self.temperature!r}; allowed: >= 0 (0 is greedy)")
-        if self.top_k < 0:
-            raise HfspecError(f"top_k: got {self.top_k!r}; allowed: an integer >= 0 (0 is off)")
-        if not 0 < self.top_p <= 1:
-            raise HfspecError(f"top_p: got {self.top_p!r}; allowed: a number in (0, 1] (1 is off)")
-        if self.max_new_tokens < 1:
-            raise HfspecError(f"max_new_tokens: got {self.max_new_tokens!r}; allowed: an integer >= 1")
-        if self.seed < 0:
-            raise HfspecError(f"seed: got {self.seed!r}; allowed: an integer >= 0")
-        if not self.prompt:
-            raise HfspecError("prompt: empty; allowed: some text to continue")
+        for name in ("temperature", "top_k", "top_p"):  # None is "off" for the API, not a settings value
+            if getattr(self, name) is None:
+                raise bad_value(name, None, {"temperature": "a number >= 0", "top_k": "an integer >= 0 (0 is off)",
+                                             "top_p": "a number in (0, 1] (1 is off)"}[name])
+        check_sampling(self.temperature, self.top_k, self.top_p)
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise bad_value("max_new_tokens", self.max_new_tokens, "an integer >= 1")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**64:
+            raise bad_value("seed", self.seed, "an integer from 0 to 2**64 - 1")
+        for name in ("chat", "measure_baseline", "ignore_eos"):
+            if not isinstance(getattr(self, name), bool):
+                raise bad_value(name, getattr(self, name), "True or False")
+        for name, parse in (("device", parse_device), ("dtype", parse_dtype)):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise bad_value(name, value, "a string (empty for the session's default)")
+            if value:
+                parse(value, role="settings")
         return self
 
     def sampling_kwargs(self) -> dict:
@@ -114,38 +138,43 @@ class RunSettings:
         return cls(**known)
 
 
-def draft_spec(kind: str, bits: int = 4, group: int = 0, bnb_type: str = "nf4", source: str = "") -> str:
-    """The draft spec string for a choice in the dashboard: kind "rtn" -> "rtn4" / "rtn3-g64" (group 0 is
-    the default group size), "bnb" -> "bnb-nf4" | "bnb-fp4" | "bnb-int8", "sibling" -> the folder / hub id."""
-    if kind == "rtn":
-        if not 2 <= int(bits) <= 8:
-            raise HfspecError(f"draft bits: got {bits!r}; allowed: 2..8")
-        if group and not 8 <= int(group) <= 8192:
-            raise HfspecError(f"draft group: got {group!r}; allowed: 0 (default, 32) or 8..8192")
-        return f"rtn{int(bits)}" + (f"-g{int(group)}" if group else "")
-    if kind == "bnb":
-        if bnb_type not in BNB_TYPES:
-            raise HfspecError(f"draft bitsandbytes type: got {bnb_type!r}; allowed: {', '.join(BNB_TYPES)}")
-        return f"bnb-{bnb_type}"
-    if kind == "sibling":
-        if not source.strip():
-            raise HfspecError("draft sibling: empty; allowed: a model folder or a hub id with the same tokenizer")
-        return source.strip()
-    raise HfspecError(f"draft kind: got {kind!r}; allowed: rtn, bnb, sibling")
+def draft_spec(kind: str, bits: int = 4, group: int = 0, bnb_type: str = "nf4", source: str = "",
+               **values) -> str:
+    """The spec string for a draft kind and its form values (a thin wrapper over `registry.spec_of`): kind
+    "rtn" -> "rtn4" / "rtn3-g64" (group 0: the default group size), "bnb" -> "bnb-nf4", "sibling" -> the
+    folder / hub id, any other registered kind -> from its own fields in `values`."""
+    values = {"bits": bits, "group": group, "bnb_type": bnb_type, "source": source, **values}
+    entry = next((k for k in registry.choices() if k.name == kind), None)
+    if entry is not None:
+        for f in entry.fields:
+            if f.text and not str(values.get(f.name, "")).strip():
+                raise HfspecError(f"draft {kind} {f.title}: empty; allowed: {entry.allowed}")
+    return registry.spec_of(kind, values)
 
 
 def split_draft_spec(spec: str) -> dict:
-    """The inverse of :func:`draft_spec`: {"kind", "bits", "group", "bnb_type", "source"}."""
-    import re
+    """The inverse of :func:`draft_spec` (`registry.fields_of`): {"kind": name, field: value, ...}; a spec the
+    registry cannot read (e.g. a folder that is gone) comes back as a sibling source, for the form to show."""
+    try:
+        return registry.fields_of(spec.strip())
+    except HfspecError:
+        values = {f.name: f.default for kind in registry.choices() for f in kind.fields}
+        return values | {"kind": "sibling", "source": spec.strip()}
 
-    low = spec.strip().lower()
-    out = {"kind": "sibling", "bits": 4, "group": 0, "bnb_type": "nf4", "source": spec.strip()}
-    m = re.fullmatch(r"rtn(\d+)(?:-g(\d+))?", low)
-    if m:
-        out.update(kind="rtn", bits=int(m.group(1)), group=int(m.group(2) or 0), source="")
-    elif low.startswith("bnb-") and low[4:] in BNB_TYPES:
-        out.update(kind="bnb", bnb_type=low[4:], source="")
-    return out
+
+def context_length(source: str) -> int | None:
+    """The positions a local model folder's config allows (max_position_embeddings, n_positions, ...); None
+    when unknown (hub ids, .gguf files, folders without config.json)."""
+    path = Path(str(source).strip()).expanduser() / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    for cfg in (config, config.get("text_config") or {}):
+        for key in ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length"):
+            if isinstance(cfg.get(key), int) and cfg[key] > 0:
+                return cfg[key]
+    return None
 
 
 def parse_list(text: str) -> list[str]:
@@ -241,7 +270,8 @@ def _common_prefix(a: str, b: str) -> int:
 # ------------------------------------------------------------------------------------------------ results
 @dataclass
 class Baseline:
-    """A plain (target-only) run of the same length: the measured speed-up's denominator."""
+    """Plain decoding of exactly the run's token count (same prompt, seed and sampling; EOS suppressed until
+    then), measured right after the run: the measured speed-up's denominator."""
 
     new_tokens: int
     time_total: float
@@ -258,6 +288,7 @@ class RunResult:
     prompt_text: str
     pieces: list[tuple[str, str]]          # (text, kind) per generated token, row 0
     baseline: Baseline | None = None
+    series: list[dict] = field(default_factory=list)  # the live numbers, one dict per target pass
 
     @property
     def text(self) -> str:
@@ -269,23 +300,34 @@ class RunResult:
             return None
         return self.stats.tokens_per_second / self.baseline.tokens_per_second
 
+    @property
+    def stop_reason(self) -> str:
+        """Why the run ended, for people: "EOS", "max tokens", "stop string", "user (Stop)" ("" unknown)."""
+        return STOP_REASONS.get(self.stats.stop_reason, self.stats.stop_reason)
+
     def summary(self) -> dict:
         """The numbers the dashboard shows (and exports)."""
-        s = self.stats
+        s, b = self.stats, self.baseline
         return {
             "draft": self.settings.draft,
             "gamma": s.mean_gamma,
             "alpha": s.alpha,
+            "checked": s.checked,
             "tokens_per_pass": s.tokens_per_pass,
             "expected_tokens_per_pass": s.expected_tokens_per_pass,
             "c": s.c_bytes,
+            "c_time": s.c_time,
             "estimated_speedup": s.estimated_speedup,
+            "ideal_speedup": s.ideal_speedup,
             "measured_speedup": self.measured_speedup,
             "target_passes": s.target_passes,
             "new_tokens": s.new_tokens,
             "time_total": s.time_total,
             "tokens_per_second": s.tokens_per_second,
-            "baseline_tokens_per_second": self.baseline.tokens_per_second if self.baseline else None,
+            "baseline_new_tokens": b.new_tokens if b else None,
+            "baseline_time_total": b.time_total if b else None,
+            "baseline_tokens_per_second": b.tokens_per_second if b else None,
+            "stop_reason": s.stop_reason,
             "stopped": s.stopped,
         }
 
@@ -297,74 +339,61 @@ class RunResult:
             "prompt": self.prompt_text,
             "text": self.text,
             "token_kinds": [k for _, k in self.pieces],
+            "series": self.series,
         }
 
 
-@dataclass
-class SweepPoint:
-    draft: str
-    gamma: int
-    alpha: float
-    tokens_per_pass: float
-    expected_tokens_per_pass: float
-    c: float
-    estimated_speedup: float
-    measured_speedup: float | None
-    target_passes: int
-    new_tokens: int
+SweepPoint = SweepRow  # the dashboard's name for one sweep row (hfspec.sweep's)
 
 
 @dataclass
 class SweepResult:
-    settings: RunSettings
+    settings: RunSettings | None
     gammas: list[int]
-    points: list[SweepPoint] = field(default_factory=list)
+    points: list[SweepRow] = field(default_factory=list)
+    repeats: int = 1
     stopped: bool = False
 
     def drafts(self) -> list[str]:
         return list(dict.fromkeys(p.draft for p in self.points))
 
-    def pooled(self, draft: str) -> tuple[float, float]:
-        """(α, c) of one draft pooled over its γ points (α weighted by checked tokens ≈ passes × γ)."""
+    def pooled(self, draft: str) -> dict:
+        """α of one draft pooled over its γ points (Σ accepted / Σ checked), and its mean c_time and c_bytes."""
         pts = [p for p in self.points if p.draft == draft]
         if not pts:
-            return 0.0, 0.0
-        weight = [p.target_passes * p.gamma for p in pts]
-        total = sum(weight)
-        alpha = sum(p.alpha * w for p, w in zip(pts, weight, strict=True)) / total if total else 0.0
-        return alpha, pts[0].c
+            return {"alpha": 0.0, "c_time": 0.0, "c_bytes": 0.0}
+        checked = sum(p.checked for p in pts)
+        return {"alpha": sum(p.accepted for p in pts) / checked if checked else 0.0,
+                "c_time": sum(p.c_time for p in pts) / len(pts), "c_bytes": pts[0].c_bytes}
 
-    def curve(self, draft: str, gammas: Iterable[int] | None = None) -> dict[str, list[float]]:
-        """The formula's tokens per pass and estimated speed-up over γ, from the pooled α and c."""
-        alpha, c = self.pooled(draft)
+    def curve(self, draft: str, gammas: Iterable[float] | None = None) -> dict[str, list[float]]:
+        """The formula over γ from the pooled α: tokens per pass, the estimate (c_time), the ideal (c_bytes)."""
+        pooled = self.pooled(draft)
+        alpha = pooled["alpha"]
         gs = list(gammas) if gammas is not None else list(range(1, max(self.gammas) + 1))
         return {
             "gamma": gs,
             "tokens_per_pass": [expected_tokens_per_pass(alpha, g) for g in gs],
-            "estimated_speedup": [estimated_speedup(alpha, g, c) for g in gs],
+            "estimated_speedup": [estimated_speedup(alpha, g, pooled["c_time"]) for g in gs],
+            "ideal_speedup": [estimated_speedup(alpha, g, pooled["c_bytes"]) for g in gs],
         }
 
     def rows(self) -> list[dict]:
-        return [asdict(p) for p in self.points]
+        return [p.to_dict() for p in self.points]
 
 
 @dataclass
-class CompareRow:
-    label: str
-    target: str
-    draft: str
-    alpha: float
-    tokens_per_pass: float
-    c: float
-    estimated_speedup: float
-    measured_speedup: float | None
-    tokens_per_second: float
-    new_tokens: int
+class CompareRow(SweepRow):
+    """A sweep row at the settings' γ, with the entry as written and the target it ran on."""
+
+    label: str = ""
+    target: str = ""
 
 
 # ------------------------------------------------------------------------------------------------ session
 class Session:
-    """Loads and caches models (targets, tokenizers, drafts) and plain baselines; runs the engine.
+    """Loads and caches models (targets, tokenizers, drafts); runs the engine. Baselines are measured anew for
+    every run and every sweep point, beside it.
 
     One session is used from one thread at a time (the dashboard's worker thread)."""
 
@@ -373,25 +402,26 @@ class Session:
         self.device = device
         self.max_targets = max_targets
         self.max_drafts = max_drafts
-        self._targets: dict[str, tuple] = {}
-        self._drafts: dict[tuple[str, str], object] = {}
-        self._baselines: dict[tuple, Baseline] = {}
+        self._targets: dict[tuple, tuple] = {}
+        self._drafts: dict[tuple, object] = {}
 
     # -------------------------------------------------------------- loading
     def load(self, settings: RunSettings, progress: Progress | None = None, should_stop: StopCheck | None = None):
         """(target, draft, tokenizer) for the settings, from the cache when already loaded."""
-        target, tokenizer = self.load_target(settings.target, progress, should_stop)
-        draft = self.load_draft(settings.target, settings.draft, progress, should_stop)
+        where = {"dtype": settings.dtype or None, "device": settings.device or None}
+        target, tokenizer = self.load_target(settings.target, progress, should_stop, **where)
+        draft = self.load_draft(settings.target, settings.draft, progress, should_stop, **where)
         return target, draft, tokenizer
 
-    def load_target(self, source: str, progress: Progress | None = None, should_stop: StopCheck | None = None):
-        key = _norm(source)
+    def load_target(self, source: str, progress: Progress | None = None, should_stop: StopCheck | None = None,
+                    dtype: str | None = None, device: str | None = None):
+        key = self._target_key(source, dtype, device)
         if key not in self._targets:
             say = _guarded(progress, should_stop)
             from hfspec.loading import load_model, load_tokenizer
 
             say(f"loading target {source}…")
-            model = load_model(source, dtype=self.dtype, device=self.device, progress=say, role="target")
+            model = load_model(source, dtype=key[1], device=key[2], progress=say, role="target")
             say("loading tokenizer…")
             tokenizer = load_tokenizer(source, role="target")
             while len(self._targets) >= self.max_targets:  # bounded memory; a target's drafts go with it
@@ -403,25 +433,28 @@ class Session:
         return self._targets[key]
 
     def load_draft(self, target_source: str, spec: str, progress: Progress | None = None,
-                   should_stop: StopCheck | None = None):
-        target, tokenizer = self.load_target(target_source, progress, should_stop)
-        key = (_norm(target_source), spec.strip())
+                   should_stop: StopCheck | None = None, dtype: str | None = None, device: str | None = None):
+        """The draft `spec` for the target (built once); kinds that take any option (siblings) get the target's
+        tokenizer to check against and a progress callback."""
+        target, tokenizer = self.load_target(target_source, progress, should_stop, dtype, device)
+        key = (self._target_key(target_source, dtype, device), spec.strip())
         if key not in self._drafts:
             from hfspec import make_draft
-            from hfspec.drafts import parse_draft_spec
 
             say = _guarded(progress, should_stop)
-            parsed = parse_draft_spec(spec.strip())
+            parsed = registry.parse(spec.strip())
             say(f"building draft {parsed.label}…")
-            if parsed.kind in ("rtn", "bnb"):
-                draft = make_draft(target, spec.strip())
-            else:
-                draft = make_draft(target, spec.strip(), target_tokenizer=tokenizer, progress=say)
+            kind = registry.KINDS.get(parsed.kind)
+            options = {"target_tokenizer": tokenizer, "progress": say} if kind and kind.options is None else {}
+            draft = make_draft(target, spec.strip(), **options)
             while len(self._drafts) >= self.max_drafts:
                 self._drafts.pop(next(iter(self._drafts)))
             self._drafts[key] = draft
         _check(should_stop)
         return self._drafts[key]
+
+    def _target_key(self, source: str, dtype: str | None, device: str | None) -> tuple:
+        return (_norm(source), dtype or self.dtype, device or self.device)
 
     def encode(self, settings: RunSettings, tokenizer):
         if settings.chat and getattr(tokenizer, "chat_template", None):
@@ -433,15 +466,16 @@ class Session:
     # -------------------------------------------------------------- running
     def run(self, settings: RunSettings, on_live: Callable[[LiveSnapshot], None] | None = None,
             should_stop: StopCheck | None = None, progress: Progress | None = None) -> RunResult:
-        """One speculative run, then (when `settings.measure_baseline`) a plain baseline of the same length."""
+        """One speculative run, then (when `settings.measure_baseline`) plain decoding of exactly as many
+        tokens, measured right after it."""
         import hfspec
 
         settings.validated()
         target, draft, tokenizer = self.load(settings, progress, should_stop)
         ids = self.encode(settings, tokenizer)
-        baseline = self._baselines.get(self._baseline_key(settings, settings.max_new_tokens))
         decoder = IncrementalDecoder(tokenizer, ids[0].tolist())
         pieces: list[tuple[str, str]] = []
+        series: list[dict] = []
         window: deque = deque(maxlen=ROLLING_WINDOW)
         last = {"checked": 0, "new": 0}
         start = time.perf_counter()
@@ -458,115 +492,125 @@ class Session:
             accepted = sum(event.accepted)
             window.append((accepted, checked))
             win_checked = sum(k for _, k in window)
-            elapsed = time.perf_counter() - start
-            measured = None
-            if baseline is not None and baseline.tokens_per_second and elapsed > 0:
-                measured = (s.new_tokens / elapsed) / baseline.tokens_per_second
+            snapshot = LiveSnapshot(
+                round_index=event.round_index, gamma=int(event.gamma), accepted=accepted, checked=checked,
+                committed=committed, alpha=s.alpha,
+                rolling_alpha=sum(a for a, _ in window) / win_checked if win_checked else 0.0,
+                tokens_per_pass=s.tokens_per_pass, expected_tokens_per_pass=s.expected_tokens_per_pass,
+                estimated_speedup=s.estimated_speedup, measured_speedup=None, c=s.c_bytes, c_time=s.c_time,
+                elapsed=time.perf_counter() - start, new_tokens=s.new_tokens,
+                accepted_by_position=list(s.accepted_by_position),
+                checked_by_position=list(s.checked_by_position), pieces=new)
+            series.append(_series_row(snapshot))
             if on_live is not None:
-                on_live(LiveSnapshot(
-                    round_index=event.round_index, gamma=int(event.gamma), accepted=accepted, checked=checked,
-                    committed=committed, alpha=s.alpha,
-                    rolling_alpha=sum(a for a, _ in window) / win_checked if win_checked else 0.0,
-                    tokens_per_pass=s.tokens_per_pass, expected_tokens_per_pass=s.expected_tokens_per_pass,
-                    estimated_speedup=s.estimated_speedup, measured_speedup=measured, c=s.c_bytes,
-                    c_time=s.c_time, elapsed=elapsed, new_tokens=s.new_tokens,
-                    accepted_by_position=list(s.accepted_by_position),
-                    checked_by_position=list(s.checked_by_position), pieces=new))
+                on_live(snapshot)
 
         out = hfspec.generate(target, ids, draft=draft, on_round=on_round, should_stop=should_stop,
                               **settings.generate_kwargs())
         prompt_text = tokenizer.decode(ids[0], skip_special_tokens=True)
-        result = RunResult(settings=replace(settings), stats=out.stats, prompt_text=prompt_text, pieces=pieces)
+        result = RunResult(settings=replace(settings), stats=out.stats, prompt_text=prompt_text, pieces=pieces,
+                           series=series)
         if settings.measure_baseline and not out.stats.stopped and out.stats.new_tokens:
             result.baseline = self.baseline(settings, out.stats.new_tokens, should_stop, progress)
         return result
 
     def baseline(self, settings: RunSettings, new_tokens: int | None = None, should_stop: StopCheck | None = None,
                  progress: Progress | None = None) -> Baseline | None:
-        """A plain run of `new_tokens` tokens (default max_new_tokens) with the same sampling; cached."""
-        import hfspec
-
+        """Plain decoding of exactly `new_tokens` tokens (default max_new_tokens) with the settings' prompt,
+        seed and sampling, measured now (never cached: machine load drifts); None when stopped."""
         n = int(new_tokens or settings.max_new_tokens)
-        key = self._baseline_key(settings, n)
-        if key not in self._baselines:
-            target, tokenizer = self.load_target(settings.target, progress, should_stop)
-            if progress:
-                progress(f"baseline: plain decoding of {n} tokens…")
-            ids = self.encode(settings, tokenizer)
-            kwargs = settings.sampling_kwargs() | {"max_new_tokens": n}
-            if settings.ignore_eos:
-                kwargs["min_new_tokens"] = n
-            out = hfspec.plain_generate(target, ids, should_stop=should_stop, **kwargs)
-            if out.stats.stopped or not out.stats.new_tokens:
-                return None
-            self._baselines[key] = Baseline(out.stats.new_tokens, out.stats.time_total)
-        return self._baselines[key]
+        target, tokenizer = self.load_target(settings.target, progress, should_stop, settings.dtype or None,
+                                             settings.device or None)
+        if progress:
+            progress(f"baseline: plain decoding of {n} tokens…")
+        sampling, seed = _sampling(settings)
+        stats = plain_run(target, self.encode(settings, tokenizer), n, sampling, seed, should_stop)
+        if stats.stopped or not stats.new_tokens:
+            return None
+        return Baseline(stats.new_tokens, stats.time_total)
 
-    def cached_baseline(self, settings: RunSettings, new_tokens: int | None = None) -> Baseline | None:
-        return self._baselines.get(self._baseline_key(settings, int(new_tokens or settings.max_new_tokens)))
-
-    @staticmethod
-    def _baseline_key(settings: RunSettings, n: int) -> tuple:
-        s = settings
-        return (_norm(s.target), s.prompt, s.chat, float(s.temperature), int(s.top_k), float(s.top_p), int(s.seed), n,
-                bool(s.ignore_eos))
-
-    # -------------------------------------------------------------- sweep and compare
+    # -------------------------------------------------------------- sweep and compare (hfspec.sweep)
     def sweep(self, settings: RunSettings, gammas: Iterable[int], drafts: Iterable[str] | None = None,
-              on_point: Callable[[SweepPoint], None] | None = None, should_stop: StopCheck | None = None,
-              progress: Progress | None = None) -> SweepResult:
-        """Tokens per pass and estimated (and measured) speed-up for each draft × γ."""
+              repeats: int = 1, on_point: Callable[[SweepRow], None] | None = None,
+              should_stop: StopCheck | None = None, progress: Progress | None = None,
+              on_step: Step | None = None) -> SweepResult:
+        """Each draft × γ through `hfspec.sweep.sweep`: `repeats` fixed-length runs per point, each beside its
+        own plain baseline; `on_step(i, n)` before point i of n, `on_point(row)` after it."""
         gammas = sorted({int(g) for g in gammas})
-        if not gammas or gammas[0] < 1 or gammas[-1] > 64:
-            raise HfspecError(f"sweep gammas: got {gammas!r}; allowed: integers from 1 to 64")
-        drafts = list(drafts) if drafts else [settings.draft]
-        result = SweepResult(settings=replace(settings), gammas=gammas)
-        for spec in drafts:
-            for g in gammas:
-                if should_stop is not None and should_stop():
-                    result.stopped = True
-                    return result
-                if progress:
-                    progress(f"sweep: {spec}, γ = {g}…")
-                run = self.run(replace(settings, draft=spec, gamma=g), should_stop=should_stop, progress=progress)
-                s = run.stats
-                if s.stopped:
-                    result.stopped = True
-                    return result
-                point = SweepPoint(draft=spec, gamma=g, alpha=s.alpha, tokens_per_pass=s.tokens_per_pass,
-                                   expected_tokens_per_pass=expected_tokens_per_pass(s.alpha, g), c=s.c_bytes,
-                                   estimated_speedup=estimated_speedup(s.alpha, g, s.c_bytes),
-                                   measured_speedup=run.measured_speedup, target_passes=s.target_passes,
-                                   new_tokens=s.new_tokens)
-                result.points.append(point)
-                if on_point is not None:
-                    on_point(point)
+        if not gammas or gammas[0] < 1 or gammas[-1] > GAMMA_MAX:
+            raise HfspecError(f"sweep gammas: got {gammas!r}; allowed: integers from 1 to {GAMMA_MAX}")
+        settings.validated()
+        specs = list(drafts) if drafts else [settings.draft]
+        for spec in specs:
+            registry.parse(spec)  # a bad spec fails before any model loads
+        where = {"dtype": settings.dtype or None, "device": settings.device or None}
+        target, tokenizer = self.load_target(settings.target, progress, should_stop, **where)
+        models = {spec: self.load_draft(settings.target, spec, progress, should_stop, **where) for spec in specs}
+        sampling, seed = _sampling(settings)
+        result = SweepResult(settings=replace(settings), gammas=gammas, repeats=repeats)
+
+        def started(index: int, total: int, label: str, gamma) -> None:
+            if progress:
+                progress(f"sweep: {label}, γ = {gamma} (point {index} / {total})…")
+            if on_step:
+                on_step(index, total)
+
+        def finished(row: SweepRow) -> None:
+            result.points.append(row)
+            if on_point:
+                on_point(row)
+
+        run_sweep(target, models, gammas, self.encode(settings, tokenizer), sampling, seed=seed, repeats=repeats,
+                  check_greedy=False, on_row=finished, should_stop=should_stop, on_start=started)
+        result.stopped = len(result.points) < len(specs) * len(gammas)
         return result
 
-    def compare(self, settings: RunSettings, drafts: Iterable[str],
+    def compare(self, settings: RunSettings, drafts: Iterable[str], repeats: int = 1,
                 on_row: Callable[[CompareRow], None] | None = None, should_stop: StopCheck | None = None,
-                progress: Progress | None = None) -> list[CompareRow]:
-        """Each entry, a draft spec or a "target | draft" pair, run on the same prompt and settings."""
-        rows: list[CompareRow] = []
+                progress: Progress | None = None, on_step: Step | None = None) -> list[CompareRow]:
+        """Each entry, a draft spec or a "target | draft" pair, at the settings' γ through the same engine."""
+        settings.validated()
+        entries = []
         for item in drafts:
+            target, _, spec = item.rpartition("|")
+            entries.append((item.strip(), target.strip() or settings.target, spec.strip()))
+            registry.parse(spec.strip())
+        rows: list[CompareRow] = []
+        for index, (label, target_source, spec) in enumerate(entries, 1):
             if should_stop is not None and should_stop():
                 break
-            target, _, spec = item.rpartition("|")
-            target, spec = (target.strip() or settings.target), spec.strip()
             if progress:
-                progress(f"compare: {item}…")
-            run = self.run(replace(settings, target=target, draft=spec), should_stop=should_stop, progress=progress)
-            if run.stats.stopped:
+                progress(f"compare: {label} (point {index} / {len(entries)})…")
+            if on_step:
+                on_step(index, len(entries))
+            entry = replace(settings, target=target_source, draft=spec)
+            target, draft, tokenizer = self.load(entry, progress, should_stop)
+            sampling, seed = _sampling(entry)
+            got = run_sweep(target, {spec: draft}, [settings.gamma], self.encode(entry, tokenizer), sampling,
+                            seed=seed, repeats=repeats, check_greedy=False, should_stop=should_stop)
+            if not got:
                 break
-            s = run.stats
-            row = CompareRow(label=item.strip(), target=target, draft=spec, alpha=s.alpha,
-                             tokens_per_pass=s.tokens_per_pass, c=s.c_bytes, estimated_speedup=s.estimated_speedup,
-                             measured_speedup=run.measured_speedup, tokens_per_second=s.tokens_per_second,
-                             new_tokens=s.new_tokens)
+            row = CompareRow(**got[0].to_dict(), label=label, target=target_source)
             rows.append(row)
             if on_row is not None:
                 on_row(row)
         return rows
+
+
+def _sampling(settings: RunSettings) -> tuple[dict, int]:
+    """The settings' sampling keywords without seed and min_new_tokens (the engine fixes lengths), and the seed."""
+    sampling = settings.sampling_kwargs()
+    sampling.pop("min_new_tokens", None)
+    return sampling, sampling.pop("seed")
+
+
+def _series_row(s: LiveSnapshot) -> dict:
+    """One target pass of the live series, for exports."""
+    return {"pass": s.round_index + 1, "gamma": s.gamma, "accepted": s.accepted, "checked": s.checked,
+            "committed": s.committed, "alpha": s.alpha, "rolling_alpha": s.rolling_alpha,
+            "tokens_per_pass": s.tokens_per_pass, "expected_tokens_per_pass": s.expected_tokens_per_pass,
+            "estimated_speedup": s.estimated_speedup, "c_time": s.c_time, "elapsed": s.elapsed,
+            "new_tokens": s.new_tokens}
 
 
 def _norm(source: str) -> str:

@@ -1,13 +1,19 @@
-"""γ sweeps and draft comparisons: measured numbers beside the paper's formulas, as plain rows.
+"""The one engine behind γ sweeps and draft comparisons (CLI `sweep` / `compare`, the dashboard's tabs).
 
-Each point pools `repeats` seeded runs of exactly `max_new_tokens` tokens (EOS is suppressed with
-`min_new_tokens`, identically for target and draft, so every point measures the same length). The measured
-wall-clock speed-up divides hfspec's tokens/s by plain decoding's tokens/s (the same loop with one token per
-target pass, same prompt, seeds and length), both timed in this process.
+Each point runs `repeats` seeded pairs: the speculative run and, next to it, plain decoding (the same loop with
+one token per target pass) on the same prompt, seed and sampling. Both make exactly `max_new_tokens` tokens
+(EOS is suppressed with `min_new_tokens` in both), so every ratio compares equal lengths. The baseline of a
+pair is measured right beside its run (the order alternates between repeats), never cached: on a shared
+machine the same baseline drifts by several × within minutes.
+
+A row pools its repeats (α = Σ accepted / Σ checked, tokens per pass = Σ tokens / Σ passes, speed-up = pooled
+tokens/s over pooled baseline tokens/s) and gives the sample standard deviation over repeats (`*_sd`, None for
+one repeat) for error bars. The estimate uses the measured c_time; `ideal_speedup` the weight-bound c_bytes.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -15,36 +21,46 @@ import torch
 
 import hfspec
 from hfspec.stats import SpecStats, estimated_speedup, expected_tokens_per_pass
+from hfspec.validate import GAMMA_MAX
 
 FIELDS = [
-    "draft", "gamma", "repeats", "alpha", "checked", "accepted", "target_passes", "new_tokens", "tokens_per_pass",
-    "expected_tokens_per_pass", "c_bytes", "c_time", "estimated_speedup", "estimated_speedup_c_time",
-    "tokens_per_second", "baseline_tokens_per_second", "measured_speedup", "greedy_identical",
+    "draft", "gamma", "repeats", "alpha", "alpha_sd", "checked", "accepted", "target_passes", "new_tokens",
+    "tokens_per_pass", "tokens_per_pass_sd", "expected_tokens_per_pass", "c_bytes", "c_time", "estimated_speedup",
+    "estimated_speedup_sd", "ideal_speedup", "tokens_per_second", "baseline_tokens_per_second",
+    "baseline_new_tokens", "measured_speedup", "measured_speedup_sd", "greedy_identical", "fidelity",
 ]
+
+Stop = Callable[[], bool] | None
 
 
 @dataclass
 class SweepRow:
-    """One (draft, γ) point."""
+    """One (draft, γ) point, pooled over its repeats."""
 
     draft: str
     gamma: int | str
     repeats: int
     alpha: float
+    alpha_sd: float | None
     checked: int
     accepted: int
     target_passes: int
     new_tokens: int
     tokens_per_pass: float
+    tokens_per_pass_sd: float | None
     expected_tokens_per_pass: float
     c_bytes: float
     c_time: float
-    estimated_speedup: float
-    estimated_speedup_c_time: float
+    estimated_speedup: float          # the paper's formula with the measured c_time
+    estimated_speedup_sd: float | None
+    ideal_speedup: float              # the same with c_bytes: a weight-bandwidth-bound machine
     tokens_per_second: float
     baseline_tokens_per_second: float
+    baseline_new_tokens: int          # tokens of the plain runs (equal to new_tokens)
     measured_speedup: float
-    greedy_identical: int | None
+    measured_speedup_sd: float | None
+    greedy_identical: int | None = None
+    fidelity: float | None = None     # mean Σ min(p, q) over the prompt's positions, when available
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -68,72 +84,128 @@ def parse_gammas(text: str) -> list[int | str]:
         except ValueError:
             raise hfspec.HfspecError(f"gammas: got {text!r}; allowed: ranges and lists like 1-8 or 1,2,4,auto") from None
     for g in values:
-        if g != "auto" and not 1 <= g <= 64:
-            raise hfspec.HfspecError(f"gammas: {g} is out of range; allowed: 1..64 or auto")
+        if g != "auto" and not 1 <= g <= GAMMA_MAX:
+            raise hfspec.HfspecError(f"gammas: {g} is out of range; allowed: 1..{GAMMA_MAX} or auto")
     return values
 
 
-class Baselines:
-    """Plain-decoding runs per seed, measured once and reused across drafts and γ."""
+def plain_run(target, input_ids, n_tokens: int, sampling: dict, seed: int | None,
+              should_stop: Stop = None) -> SpecStats:
+    """Plain decoding of exactly `n_tokens` tokens (EOS suppressed until then): a speed-up's denominator."""
+    kwargs = dict(sampling, max_new_tokens=int(n_tokens), min_new_tokens=int(n_tokens))
+    return hfspec.plain_generate(target, input_ids, seed=seed, should_stop=should_stop, **kwargs).stats
 
-    def __init__(self, target, input_ids, sampling: dict):
-        self.target, self.input_ids, self.sampling = target, input_ids, sampling
-        self._runs: dict[int, SpecStats] = {}
-        self._greedy: torch.Tensor | None = None
 
-    def stats(self, seed: int) -> SpecStats:
-        if seed not in self._runs:
-            self._runs[seed] = hfspec.plain_generate(self.target, self.input_ids, seed=seed, **self.sampling).stats
-        return self._runs[seed]
-
-    def greedy(self) -> torch.Tensor:
-        """The target's own greedy continuation (transformers' `generate`)."""
-        if self._greedy is None:
-            n = self.sampling["max_new_tokens"]
-            self._greedy = self.target.generate(self.input_ids, attention_mask=torch.ones_like(self.input_ids),
-                                                do_sample=False, max_new_tokens=n,
-                                                min_new_tokens=self.sampling.get("min_new_tokens"))
-        return self._greedy
+def draft_fidelity(target, draft, input_ids) -> float | None:
+    """`hfspec.drafts.fidelity` (mean Σ min(p, q)) where it exists and applies to this draft, else None."""
+    try:
+        from hfspec.drafts import fidelity
+    except ImportError:
+        return None
+    if not isinstance(draft, torch.nn.Module):
+        return None
+    try:
+        return float(fidelity(target, draft, input_ids))
+    except hfspec.HfspecError:
+        return None
 
 
 def measure_point(target, draft, label: str, gamma, input_ids, sampling: dict, seed: int, repeats: int,
-                  baselines: Baselines, check_greedy: bool = True) -> SweepRow:
-    """Pool `repeats` runs at one γ; compare with the baselines; optionally check greedy identity."""
-    pooled, base = None, None
+                  greedy_reference: torch.Tensor | None = None, should_stop: Stop = None) -> SweepRow | None:
+    """Pool `repeats` (speculative run, plain run) pairs at one γ; None when stopped. With `greedy_reference`
+    (the target's own greedy output) a temperature-0 run checks token identity."""
+    n = sampling["max_new_tokens"]
+    fixed = dict(sampling, min_new_tokens=n)
+    runs, bases = [], []
     for r in range(repeats):
-        stats = hfspec.generate(target, input_ids, draft=draft, gamma=gamma, seed=seed + r, **sampling).stats
-        pooled = stats if pooled is None else pooled.merge(stats)
-        plain = baselines.stats(seed + r)
-        base = plain if base is None else base.merge(plain)
+        pair = []
+        for plain in ((False, True) if r % 2 == 0 else (True, False)):
+            if plain:
+                stats = plain_run(target, input_ids, n, sampling, seed + r, should_stop)
+            else:
+                stats = hfspec.generate(target, input_ids, draft=draft, gamma=gamma, seed=seed + r,
+                                        should_stop=should_stop, **fixed).stats
+            if stats.stopped:
+                return None
+            pair.append((plain, stats))
+        runs += [s for plain, s in pair if not plain]
+        bases += [s for plain, s in pair if plain]
     identical = None
-    if check_greedy:
-        greedy_kwargs = dict(sampling, temperature=0, top_k=None, top_p=None)
-        out = hfspec.generate(target, input_ids, draft=draft, gamma=gamma, **greedy_kwargs)
-        identical = int(torch.equal(out.sequences, baselines.greedy()))
-    g = round(pooled.mean_gamma) if gamma == "auto" else gamma
-    alpha = pooled.alpha
+    if greedy_reference is not None:
+        greedy = dict(fixed, temperature=0, top_k=None, top_p=None)
+        out = hfspec.generate(target, input_ids, draft=draft, gamma=gamma, should_stop=should_stop, **greedy)
+        identical = int(torch.equal(out.sequences, greedy_reference))
+    return _row(label, gamma, runs, bases, identical)
+
+
+def _row(label: str, gamma, runs: list[SpecStats], bases: list[SpecStats], identical) -> SweepRow:
+    pooled, base = _pool(runs), _pool(bases)
+
+    def g_of(s: SpecStats) -> int:
+        return round(s.mean_gamma) if gamma == "auto" else int(gamma)
+
+    def est(s: SpecStats) -> float:
+        return estimated_speedup(s.alpha, g_of(s), s.c_time) if s.c_time > 0 else 0.0
+
+    ratios = [s.tokens_per_second / b.tokens_per_second if b.tokens_per_second else 0.0
+              for s, b in zip(runs, bases, strict=True)]
+    g = g_of(pooled)
     return SweepRow(
-        draft=label, gamma=gamma, repeats=repeats, alpha=alpha, checked=pooled.checked, accepted=pooled.accepted,
-        target_passes=pooled.target_passes, new_tokens=pooled.new_tokens, tokens_per_pass=pooled.tokens_per_pass,
-        expected_tokens_per_pass=expected_tokens_per_pass(alpha, g), c_bytes=pooled.c_bytes, c_time=pooled.c_time,
-        estimated_speedup=estimated_speedup(alpha, g, pooled.c_bytes),
-        estimated_speedup_c_time=estimated_speedup(alpha, g, pooled.c_time),
+        draft=label, gamma=gamma, repeats=len(runs), alpha=pooled.alpha, alpha_sd=_sd([s.alpha for s in runs]),
+        checked=pooled.checked, accepted=pooled.accepted, target_passes=pooled.target_passes,
+        new_tokens=pooled.new_tokens, tokens_per_pass=pooled.tokens_per_pass,
+        tokens_per_pass_sd=_sd([s.tokens_per_pass for s in runs]),
+        expected_tokens_per_pass=expected_tokens_per_pass(pooled.alpha, g), c_bytes=pooled.c_bytes,
+        c_time=pooled.c_time, estimated_speedup=est(pooled), estimated_speedup_sd=_sd([est(s) for s in runs]),
+        ideal_speedup=estimated_speedup(pooled.alpha, g, pooled.c_bytes),
         tokens_per_second=pooled.tokens_per_second, baseline_tokens_per_second=base.tokens_per_second,
+        baseline_new_tokens=base.new_tokens,
         measured_speedup=pooled.tokens_per_second / base.tokens_per_second if base.tokens_per_second else 0.0,
-        greedy_identical=identical,
+        measured_speedup_sd=_sd(ratios), greedy_identical=identical,
     )
 
 
+def _pool(runs: list[SpecStats]) -> SpecStats:
+    pooled = runs[0]
+    for s in runs[1:]:
+        pooled = pooled.merge(s)
+    return pooled
+
+
+def _sd(values: list[float]) -> float | None:
+    return statistics.stdev(values) if len(values) > 1 else None
+
+
 def sweep(target, drafts: dict, gammas: list, input_ids, sampling: dict, seed: int = 1, repeats: int = 1,
-          check_greedy: bool = True, on_row: Callable[[SweepRow], None] | None = None) -> list[SweepRow]:
-    """Every draft (label -> model) at every γ. `sampling`: temperature, top_k, top_p, max_new_tokens."""
-    sampling = dict(sampling, min_new_tokens=sampling["max_new_tokens"])
-    baselines = Baselines(target, input_ids, sampling)
-    rows = []
+          check_greedy: bool = True, on_row: Callable[[SweepRow], None] | None = None, should_stop: Stop = None,
+          on_start: Callable[[int, int, str, object], None] | None = None) -> list[SweepRow]:
+    """Every draft (label -> draft) at every γ; `sampling`: temperature, top_k, top_p, max_new_tokens.
+
+    `on_start(index, total, label, gamma)` is called before each point (index from 1), `on_row` after it.
+    When `should_stop()` turns true the points finished so far are returned.
+    """
+    if repeats < 1:
+        raise hfspec.HfspecError(f"repeats: got {repeats!r}; allowed: an integer >= 1")
+    sampling = {k: v for k, v in sampling.items() if k not in ("seed", "min_new_tokens")}
+    reference = None
+    if check_greedy:
+        n = sampling["max_new_tokens"]
+        reference = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
+                                    max_new_tokens=n, min_new_tokens=n)
+    rows, total, index = [], len(drafts) * len(gammas), 0
     for label, draft in drafts.items():
+        fidelity = draft_fidelity(target, draft, input_ids)
         for gamma in gammas:
-            row = measure_point(target, draft, label, gamma, input_ids, sampling, seed, repeats, baselines,
-                                check_greedy)
+            index += 1
+            if should_stop is not None and should_stop():
+                return rows
+            if on_start is not None:
+                on_start(index, total, label, gamma)
+            row = measure_point(target, draft, label, gamma, input_ids, sampling, seed, repeats, reference,
+                                should_stop)
+            if row is None:
+                return rows
+            row.fidelity = fidelity
             rows.append(row)
             if on_row is not None:
                 on_row(row)

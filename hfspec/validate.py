@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 
 from hfspec.errors import HfspecError, bad_value
@@ -17,8 +20,8 @@ def check_gamma(gamma) -> None:
 
 
 def check_sampling(temperature=None, top_k=None, top_p=None, min_p=None, max_new_tokens=None) -> None:
-    if temperature is not None and (not _is_number(temperature) or temperature < 0):
-        raise bad_value("temperature", temperature, "a number >= 0 (0 means greedy)")
+    if temperature is not None and (not _is_number(temperature) or not 0 <= temperature < math.inf):
+        raise bad_value("temperature", temperature, "a finite number >= 0 (0 means greedy)")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
         raise bad_value("top_k", top_k, "an integer >= 0 (0 or None turns it off)")
     if top_p is not None and (not _is_number(top_p) or not 0 < top_p <= 1):
@@ -38,8 +41,38 @@ def check_input_ids(input_ids, attention_mask=None) -> None:
         raise bad_value("input_ids", tuple(input_ids.shape), "shape [batch, length] with batch, length >= 1")
     if attention_mask is not None and tuple(attention_mask.shape) != tuple(input_ids.shape):
         raise bad_value("attention_mask", tuple(attention_mask.shape), f"the shape of input_ids, {tuple(input_ids.shape)}")
+    if attention_mask is not None and bool((attention_mask == 0).all(dim=1).any()):
+        row = int((attention_mask == 0).all(dim=1).nonzero()[0, 0])
+        raise bad_value("attention_mask", f"row {row} all padding", "at least one real token (mask 1) in every row")
     if attention_mask is not None and input_ids.shape[0] > 1 and bool((attention_mask[:, -1] == 0).any()):
         raise HfspecError("attention_mask: right padding found; pad batches on the left (tokenizer.padding_side='left')")
+
+
+def check_token_ids(input_ids: torch.Tensor, *models) -> None:
+    """Every token id must index each model's input embedding (else a raw IndexError deep in the forward)."""
+    rows = [_embedding_rows(m) for m in models if m is not None]
+    limit = min((r for r in rows if r is not None), default=None)
+    low, high = int(input_ids.min()), int(input_ids.max())
+    if low < 0 or (limit is not None and high >= limit):
+        bad = low if low < 0 else high
+        where = tuple(int(i) for i in (input_ids == bad).nonzero()[0])
+        allowed = f"ids from 0 to {limit - 1} (the models' vocabulary)" if limit else "ids >= 0"
+        raise bad_value("input_ids", f"token id {bad} at {where}", allowed)
+
+
+def check_seed(seed) -> None:
+    """None, or an integer torch.Generator.manual_seed takes (1.5 would silently become 1, "abc" fail later)."""
+    if seed is None:
+        return
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not -(2**63) <= seed < 2**64:
+        raise bad_value("seed", seed, "an integer from -2**63 to 2**64 - 1, or None")
+
+
+def _embedding_rows(model) -> int | None:
+    """Rows of a model's input embedding (nn.Embedding and hfspec's packed QuantEmbedding); None if unknown."""
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(embed, "num_embeddings", None)
+    return int(rows) if isinstance(rows, int) else None
 
 
 def vocab_size(model) -> int:
@@ -64,6 +97,11 @@ def check_pair(target, draft) -> int | None:
     shared = getattr(draft, "hfspec_shared_vocab", None)
     v_target, v_draft = vocab_size(target), vocab_size(draft)
     if shared is not None:
+        if not 0 < int(shared) <= min(v_target, v_draft):
+            raise HfspecError(
+                f"draft: hfspec_shared_vocab {shared} does not fit the target's {v_target} and the draft's "
+                f"{v_draft} vocabulary rows; allowed: a draft checked against this target (hfspec.make_draft)"
+            )
         return int(shared)
     if v_target != v_draft:
         raise HfspecError(

@@ -1,9 +1,10 @@
-"""Take docs/screenshot.png: the real dashboard after a run of the micro-rtn4 preset.
+"""Take the README's pictures of the real dashboard: the Live, Sweep and Compare tabs at 1440×900 and the Live
+tab at 1024×700 (docs/screenshot*.png), after real runs of the micro-rtn4 preset.
 
     scripts/screenshot.sh                       # under Xvfb (xvfb-run), the X screen is grabbed
     QT_QPA_PLATFORM=offscreen python scripts/screenshot.py   # without X: the window renders itself
 
-Settings go to a temporary .ini file, never the user's.
+Settings go to a temporary .ini file, never the user's. A script, not a test: it waits by processing events.
 """
 
 from __future__ import annotations
@@ -17,15 +18,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+NANO = ROOT / "presets" / "models" / "nano"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=str(ROOT / "docs" / "screenshot.png"))
+    parser.add_argument("--out", default=str(ROOT / "docs"), help="folder for the screenshots")
     parser.add_argument("--preset", default="micro-rtn4")
-    parser.add_argument("--seed", type=int, default=3)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--size", default="1440x900")
+    parser.add_argument("--seed", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
     import torch
@@ -38,40 +40,56 @@ def main() -> int:
     app = QApplication([sys.argv[0]])
     tmp = tempfile.mkdtemp(prefix="hfspec-shot-")
     window = MainWindow(settings_store=QSettings(os.path.join(tmp, "gui.ini"), QSettings.Format.IniFormat))
-    width, height = (int(v) for v in args.size.split("x"))
-    window.resize(width, height)
     window.move(0, 0)
     if not window.controls.choose_preset(args.preset):
         print(f"preset {args.preset!r} not found", file=sys.stderr)
         return 2
     window.controls.seed.setValue(args.seed)
     window.controls.max_new_tokens.setValue(args.max_new_tokens)
+    window.resize(1440, 900)
     window.show()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
 
-    def wait():
+    def settle(seconds: float = 0.3):
         while window.controller.busy:
             app.processEvents()
             time.sleep(0.01)
-        for _ in range(20):
+        end = time.time() + seconds
+        while time.time() < end:
             app.processEvents()
             time.sleep(0.01)
 
-    window.start_run()
-    wait()
-    if window.last_error:
-        print("run failed:", window.last_error, file=sys.stderr)
-        return 1
+    def shot(name: str):
+        settle()
+        if app.platformName() == "offscreen":
+            image = window.grab()
+        else:
+            frame = window.frameGeometry()
+            image = window.screen().grabWindow(0, frame.x(), frame.y(), frame.width(), frame.height())
+        image.save(str(out / name))
+        print(f"saved {out / name} ({image.width()}x{image.height()}, platform {app.platformName()}); "
+              f"{window.statusBar().currentMessage()}")
+
+    window.sweep.drafts.setText("rtn4, rtn3")
+    window.sweep.gamma_to.setValue(6)
+    window.sweep.repeats.setValue(args.repeats)
+    window.compare.items.setPlainText(f"rtn4\nrtn3\nrtn8\n{NANO.relative_to(ROOT)}")
+    window.compare.repeats.setValue(args.repeats)
+    for start in (window.start_sweep, window.start_compare, window.start_run):
+        start()
+        settle()
+        if window.last_error:
+            print("failed:", window.last_error, file=sys.stderr)
+            return 1
+    window.tabs.setCurrentWidget(window.sweep)
+    shot("screenshot-sweep.png")
+    window.tabs.setCurrentWidget(window.compare)
+    shot("screenshot-compare.png")
     window.tabs.setCurrentWidget(window.live)
-    wait()
-    platform = app.platformName()
-    if platform == "offscreen":
-        image = window.grab()
-    else:
-        image = window.screen().grabWindow(0, 0, 0, window.frameGeometry().width(), window.frameGeometry().height())
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    image.save(args.out)
-    print(f"saved {args.out} ({image.width()}x{image.height()}, platform {platform}); "
-          f"{window.statusBar().currentMessage()}")
+    shot("screenshot.png")
+    window.resize(1024, 700)
+    shot("screenshot-1024x700.png")
     window.shutdown()
     window.close()
     return 0

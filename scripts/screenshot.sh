@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# docs/screenshot.png of the real window under Xvfb (apt-get install xvfb); falls back to Qt's offscreen grab.
+# docs/screenshot*.png of the real window under Xvfb (apt-get install xvfb libxcb-icccm4 libxcb-keysyms1);
+# falls back to Qt's offscreen rendering without xvfb-run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if command -v xvfb-run >/dev/null; then

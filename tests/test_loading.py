@@ -247,7 +247,7 @@ def test_stories260k_folder_greedy_text():
 def test_missing_path_is_a_clear_error(tmp_path):
     with pytest.raises(HfspecError, match=r"^target: no such folder or file: .*nope"):
         load_model(tmp_path / "nope", role="target")
-    with pytest.raises(HfspecError, match="no such folder or file"):
+    with pytest.raises(HfspecError, match="no such GGUF file"):
         load_model("./models/nope.gguf", role="draft")
     with pytest.raises(HfspecError, match="no such folder or file"):
         load_tokenizer(str(tmp_path / "a" / "b"))

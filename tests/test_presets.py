@@ -72,7 +72,8 @@ def test_every_shipped_preset_loads(name):
     else:
         assert "/" in p.target and not Path(p.target).is_absolute()
     kw = p.sampling_kwargs()
-    assert set(kw) == {"gamma", "temperature", "top_k", "top_p", "max_new_tokens", "seed"}
+    fixed = {"min_new_tokens"} if p.ignore_eos else set()
+    assert set(kw) == {"gamma", "temperature", "top_k", "top_p", "max_new_tokens", "seed"} | fixed
 
 
 def test_default_and_embedded_presets():
@@ -82,6 +83,25 @@ def test_default_and_embedded_presets():
     nano = load_preset("micro-nano")
     assert Path(nano.draft) == (EMBEDDED / "nano").resolve() and nano.draft_kind == "sibling"
     assert load_preset("micro-rtn3").draft == "rtn3"
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in REPO_PRESETS.glob("micro-*.toml")))
+def test_embedded_presets_demo_their_advertised_length(name):
+    """A shipped demo runs its max_new_tokens (micro-nano used to meet </s> after 3 tokens, micro-auto after 17;
+    micro-auto's sample follows measured timings, so it generates a fixed length)."""
+    from hfspec.session import RunSettings, Session
+
+    settings = RunSettings.from_preset(name, measure_baseline=False)
+    result = Session().run(settings)
+    assert result.stats.new_tokens == settings.max_new_tokens and result.stats.stop_reason == "max_tokens"
+
+
+def test_ignore_eos_key(tmp_path):
+    assert not load_preset(str(write(tmp_path))).ignore_eos
+    p = load_preset(str(write(tmp_path, extra="ignore_eos = true\n")))
+    assert p.ignore_eos and p.sampling_kwargs()["min_new_tokens"] == p.max_new_tokens
+    with pytest.raises(HfspecError, match="ignore_eos"):
+        load_preset(str(write(tmp_path, extra='ignore_eos = "yes"\n')))
 
 
 def test_load_by_path_resolves_relative_to_file(tmp_path):

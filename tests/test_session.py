@@ -1,4 +1,5 @@
-"""hfspec.session (the dashboard's model side, no Qt): settings, draft specs, live data, runs, sweep, compare."""
+"""hfspec.session (the dashboard's model side, no Qt): draft specs through the registry, live data, runs with
+equal-length baselines measured beside them, stop reasons, and sweep / compare through hfspec.sweep."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 import pytest
 
 import hfspec
-from hfspec.drafts import parse_draft_spec
+import hfspec.session as session_module
+from hfspec.drafts import registry
 from hfspec.errors import HfspecError
 from hfspec.session import (
     Cancelled,
@@ -17,13 +19,17 @@ from hfspec.session import (
     LiveBuffer,
     RunSettings,
     Session,
+    context_length,
     draft_spec,
     parse_list,
     split_draft_spec,
 )
+from hfspec.stats import estimated_speedup
+from hfspec.validate import GAMMA_MAX
 
 presets = pytest.importorskip("hfspec.presets")
 NANO = Path(__file__).resolve().parents[1] / "presets" / "models" / "nano"
+EOS_PROMPT = "Deprecated since version 3.4."  # the micro model's greedy next token here is </s>
 
 
 @pytest.fixture(scope="module")
@@ -41,14 +47,21 @@ def micro():
 
 @pytest.mark.parametrize(("args", "spec"), [
     (("rtn", 4, 0), "rtn4"), (("rtn", 3, 64), "rtn3-g64"), (("bnb", 4, 0, "int8"), "bnb-int8"),
-    (("bnb", 4, 0, "nf4"), "bnb-nf4"), (("sibling", 4, 0, "nf4", " models/nano "), "models/nano"),
+    (("bnb", 4, 0, "nf4"), "bnb-nf4"), (("sibling", 4, 0, "nf4", f" {NANO} "), str(NANO)),
 ])
-def test_draft_spec_round_trip(args, spec):
+def test_draft_spec_round_trip_through_the_registry(args, spec):
     assert draft_spec(*args) == spec
-    parts = split_draft_spec(spec)
-    assert draft_spec(parts["kind"], parts["bits"], parts["group"], parts["bnb_type"], parts["source"]) == spec
-    if parts["kind"] != "sibling":
-        assert parse_draft_spec(spec).kind == parts["kind"]
+    values = split_draft_spec(spec)
+    assert draft_spec(**values) == spec
+    assert values["kind"] == registry.parse(spec).kind
+
+
+def test_every_registered_kind_round_trips_from_its_form_defaults():
+    for kind in registry.choices():
+        values = {f.name: (str(NANO) if f.text else f.default) for f in kind.fields}
+        spec = draft_spec(kind.name, **values)
+        back = split_draft_spec(spec)
+        assert back["kind"] == kind.name and draft_spec(**back) == spec
 
 
 @pytest.mark.parametrize(("args", "field"), [
@@ -58,6 +71,19 @@ def test_draft_spec_round_trip(args, spec):
 def test_draft_spec_errors_name_the_field(args, field):
     with pytest.raises(HfspecError, match=field):
         draft_spec(*args)
+
+
+def test_unreadable_spec_comes_back_as_a_sibling_source():
+    assert split_draft_spec("/no/such/folder")["kind"] == "sibling"
+    assert split_draft_spec("/no/such/folder")["source"] == "/no/such/folder"
+
+
+def test_one_gamma_limit_and_context_length(session, micro):
+    assert session_module.GAMMA_MAX is GAMMA_MAX
+    with pytest.raises(HfspecError, match=str(GAMMA_MAX)):
+        session.sweep(micro, gammas=[GAMMA_MAX + 1])
+    assert context_length(micro.target) == 512  # the micro model's max_position_embeddings
+    assert context_length("owner/hub-id") is None
 
 
 @pytest.mark.parametrize(("change", "field"), [
@@ -73,11 +99,12 @@ def test_settings_validation_names_the_field(change, field):
 
 
 def test_settings_dict_and_sampling_kwargs():
-    s = RunSettings(target="t", draft="rtn3-g64", gamma="auto", top_k=0, top_p=1.0, prompt="p")
+    s = RunSettings(target="t", draft="rtn3-g64", gamma="auto", top_k=0, top_p=1.0, prompt="p", device="cpu")
     assert RunSettings.from_dict(s.to_dict() | {"unknown": 1}) == s
     assert s.sampling_kwargs()["top_k"] is None and s.sampling_kwargs()["top_p"] is None
     assert s.generate_kwargs()["gamma"] == "auto"
     assert parse_list("rtn4, rtn3-g64\n\n a | b ") == ["rtn4", "rtn3-g64", "a | b"]
+    assert RunSettings.from_preset("micro-auto").ignore_eos  # the auto demo always runs its full length
 
 
 def test_live_buffer_is_thread_safe():
@@ -115,28 +142,49 @@ def test_run_matches_the_library_and_reports_live(session, micro):
     assert result.stats.new_tokens == direct.stats.new_tokens == 10
     assert [k for _, k in result.pieces] == direct.token_kinds[0]
     assert result.prompt_text + result.text == tokenizer.decode(direct.sequences[0], skip_special_tokens=True)
-    assert len(snapshots) == result.stats.target_passes
+    assert len(snapshots) == len(result.series) == result.stats.target_passes
+    assert [row["gamma"] for row in result.series] == result.stats.gamma_per_round
     last = snapshots[-1]
     assert last.alpha == result.stats.alpha and last.new_tokens == 10
     assert sum(s.committed for s in snapshots) == 10
     assert 0 <= last.rolling_alpha <= 1 and last.c == pytest.approx(result.stats.c_bytes)
-    assert result.summary()["measured_speedup"] is None
+    summary = result.summary()
+    assert summary["measured_speedup"] is None and summary["stop_reason"] == "max_tokens"
+    assert result.stop_reason == "max tokens"
+    # the headline estimate uses the measured c (time); the bytes-based one is the weight-bound ideal
+    s = result.stats
+    assert s.c_time > 0
+    assert summary["estimated_speedup"] == pytest.approx(estimated_speedup(s.alpha, round(s.mean_gamma), s.c_time))
+    assert summary["ideal_speedup"] == pytest.approx(estimated_speedup(s.alpha, round(s.mean_gamma), s.c_bytes))
+    assert result.to_dict()["series"] == result.series
 
 
-def test_baseline_is_cached_and_gives_a_measured_speedup(session, micro):
-    result = session.run(replace(micro, measure_baseline=True, max_new_tokens=6))
-    assert result.baseline is not None and result.baseline.new_tokens == 6
-    assert result.measured_speedup and result.measured_speedup > 0
-    again = session.run(replace(micro, measure_baseline=True, max_new_tokens=6, gamma=2))
-    assert again.baseline is result.baseline  # same prompt, sampling and length: not run twice
+def test_baseline_has_the_runs_length_and_is_measured_for_every_run(session, micro, monkeypatch):
+    lengths = []
+    real = session_module.plain_run
+    monkeypatch.setattr(session_module, "plain_run", lambda *a, **k: lengths.append(a[2]) or real(*a, **k))
+    # greedy, a prompt after which the model writes </s>: the run ends at EOS after one token
+    eos = replace(micro, prompt=EOS_PROMPT, temperature=0.0, ignore_eos=False, measure_baseline=True,
+                  draft="rtn8", max_new_tokens=8)
+    first = session.run(eos)
+    assert first.stats.new_tokens == 1 and first.stop_reason == "EOS"
+    assert first.baseline is not None and first.baseline.new_tokens == 1  # not max_new_tokens
+    # α counts only positions really checked: nothing after the EOS
+    assert first.stats.checked == 1 and sum(first.stats.checked_by_position) == 1
+    second = session.run(replace(eos, ignore_eos=True))
+    assert second.stats.new_tokens == second.baseline.new_tokens == 8
+    assert lengths == [1, 8]  # one plain run per run, measured then, of exactly the run's length
+    again = session.run(replace(eos, ignore_eos=True))
+    assert again.baseline is not second.baseline and lengths == [1, 8, 8]
+    assert again.summary()["baseline_new_tokens"] == 8 and again.measured_speedup > 0
 
 
 def test_stop_ends_the_run_within_a_round(session, micro):
     passes = []
-    result = session.run(replace(micro, max_new_tokens=200), on_live=passes.append,
+    result = session.run(replace(micro, max_new_tokens=200, measure_baseline=True), on_live=passes.append,
                          should_stop=lambda: len(passes) >= 2)
     assert result.stats.stopped and result.stats.target_passes == 2
-    assert result.baseline is None
+    assert result.baseline is None and result.stop_reason == "user (Stop)"
 
 
 def test_stop_while_loading_raises_cancelled(micro):
@@ -149,18 +197,32 @@ def test_bad_target_is_a_user_error(session, micro):
         session.run(replace(micro, target="/no/such/model"))
 
 
-def test_sweep_and_compare(session, micro):
-    points = []
-    sweep = session.sweep(replace(micro, max_new_tokens=8), gammas=[1, 3], drafts=["rtn4", str(NANO)],
-                          on_point=points.append)
+def test_sweep_and_compare_run_the_cli_engine(session, micro, monkeypatch):
+    calls = []
+    real = session_module.run_sweep
+    monkeypatch.setattr(session_module, "run_sweep", lambda *a, **k: calls.append(k["repeats"]) or real(*a, **k))
+    points, steps = [], []
+    settings = replace(micro, max_new_tokens=6, ignore_eos=False)  # the engine fixes the length anyway
+    sweep = session.sweep(settings, gammas=[1, 3], drafts=["rtn4", str(NANO)], repeats=2,
+                          on_point=points.append, on_step=lambda i, n: steps.append((i, n)))
+    assert calls == [2]
+    assert steps == [(1, 4), (2, 4), (3, 4), (4, 4)]
     assert [(p.draft, p.gamma) for p in sweep.points] == [("rtn4", 1), ("rtn4", 3), (str(NANO), 1), (str(NANO), 3)]
-    assert points == sweep.points
+    assert points == sweep.points and not sweep.stopped
+    for p in sweep.points:
+        assert p.repeats == 2 and p.new_tokens == p.baseline_new_tokens == 12 and p.alpha_sd is not None
     curve = sweep.curve("rtn4")
     assert curve["gamma"] == [1, 2, 3] and curve["tokens_per_pass"][0] >= 1
-    alpha, c = sweep.pooled(str(NANO))
-    assert 0 <= alpha <= 1 and c > 0
-    rows = session.compare(replace(micro, max_new_tokens=8), ["rtn4", f"{micro.target} | {NANO}"])
-    assert [r.draft for r in rows] == ["rtn4", str(NANO)]
-    assert rows[0].c < 0.5 and all(r.new_tokens == 8 for r in rows)
+    pooled = sweep.pooled(str(NANO))
+    assert 0 <= pooled["alpha"] <= 1 and pooled["c_bytes"] > 0 and pooled["c_time"] > 0
+
+    steps.clear()
+    rows = session.compare(settings, ["rtn4", f"{micro.target} | {NANO}"], repeats=1,
+                           on_step=lambda i, n: steps.append((i, n)))
+    assert calls == [2, 1, 1] and steps == [(1, 2), (2, 2)]
+    assert [r.draft for r in rows] == ["rtn4", str(NANO)] and rows[1].label == f"{micro.target} | {NANO}"
+    assert all(r.new_tokens == r.baseline_new_tokens == 6 for r in rows)
     with pytest.raises(HfspecError, match="gammas"):
         session.sweep(micro, gammas=[0])
+    with pytest.raises(HfspecError, match="draft"):
+        session.compare(micro, ["rtn99"])

@@ -257,7 +257,10 @@ class LeanDecoder(nn.Module):
         self.vocab = head.weight.shape[0]
         small = sum(p.numel() for p in target.parameters()) < SMALL_MODEL
         self.head = LeanLinear(head.weight, getattr(head, "bias", None), bits, group_size, share=True, small=small)
-        self.register_buffer("embed_table", _embedding_table(embed.weight, bits, group_size, small))
+        if embed.weight is head.weight and not self.head.int4 and bits is not None:
+            self.register_buffer("embed_table", self.head.weight)  # tied: the same dense RTN values, held once
+        else:
+            self.register_buffer("embed_table", _embedding_table(embed.weight, bits, group_size, small))
         scale = getattr(embed, "embed_scale", None)  # Gemma: cast to the weights' dtype, as its forward does
         self.embed_scale = float(scale.to(embed.weight.dtype)) if scale is not None else None
         self.final_norm, self.eps = _norm_weight(inner.norm, self.hidden)

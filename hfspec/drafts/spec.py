@@ -6,7 +6,7 @@ from hfspec.drafts.kinds import BNB_KINDS, DEFAULT_GROUP_SIZE
 from hfspec.drafts.registry import DraftSpec, allowed
 from hfspec.drafts.registry import parse as parse_draft_spec
 
-__all__ = ["ALLOWED", "BNB_KINDS", "DEFAULT_GROUP_SIZE", "DraftSpec", "parse_draft_spec"]
+__all__ = ["BNB_KINDS", "DEFAULT_GROUP_SIZE", "DraftSpec", "parse_draft_spec"]
 
 
 def __getattr__(name: str):
