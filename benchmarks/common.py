@@ -12,7 +12,7 @@ SHARED = ROOT.parent / "shared" / "models"
 PAIRS = {
     "micro": ROOT / "presets" / "models" / "micro",
     "stories260K": SHARED / "stories260K",
-    "smollm2": Path("/tmp/smollm2/hf"),
+    "smollm2": Path.home() / ".cache" / "hfspec-models" / "smollm2-135m-instruct",  # get-smollm2.sh's default
 }
 
 

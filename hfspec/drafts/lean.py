@@ -17,6 +17,7 @@ sliding window counted in slots rather than positions. `lean_reason(model)` says
 from __future__ import annotations
 
 import inspect
+import time
 from types import SimpleNamespace
 
 import torch
@@ -28,7 +29,7 @@ from hfspec.quant import groupwise, packing
 from hfspec.quant.modules import FUSED_GROUP_SIZES
 
 CACHE_CHUNK = 256  # the KV cache grows by this many slots at a time
-SMALL_MODEL = 8_000_000  # parameters: below this, overhead-bound; dense fp32 matmuls beat the int4 kernel + casts
+DENSE_BELOW = 1 << 18  # elements: a smaller matrix runs faster as dense fp32 than through the int4 kernel + casts
 _ACTS = {"silu": F.silu, "swish": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
          "gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh")}
 _PATH_INT4 = "int4 CPU kernel (aten._weight_int4pack_mm_for_cpu)"
@@ -43,12 +44,12 @@ class LeanLinear(nn.Module):
     weight itself, shared with the target when unquantised and unfused)."""
 
     def __init__(self, w: torch.Tensor, bias: torch.Tensor | None, bits: int | None, group_size: int,
-                 share: bool = False, small: bool = False):
+                 share: bool = False):
         super().__init__()
         self.out_features, self.in_features = w.shape
         self.bits = bits
         self.int4 = (bits is not None and bits <= 4 and w.device.type == "cpu" and group_size in FUSED_GROUP_SIZES
-                     and self.in_features % group_size == 0 and not small
+                     and self.in_features % group_size == 0 and w.numel() >= DENSE_BELOW
                      and packing.int4_cpu_kernel_ok())
         self.group_size = group_size
         with torch.no_grad():
@@ -65,9 +66,10 @@ class LeanLinear(nn.Module):
                 self.path = _PATH_INT4
             elif bits is not None:
                 q, scale, zero = groupwise.group_quantize(w.float(), bits, group_size)
+                small = w.numel() < DENSE_BELOW
                 dense = groupwise.group_dequantize(q, scale, zero, group_size, torch.float32 if small else torch.bfloat16)
                 self.register_buffer("weight", dense)
-                self.path = f"rtn{bits} dequantised to {'fp32 (small model)' if small else 'bf16'}"
+                self.path = f"rtn{bits} dequantised to {'fp32 (small matrix)' if small else 'bf16'}"
             else:
                 self.register_buffer("weight", w.detach() if share else w.detach().clone())
                 self.path = f"{w.dtype} float"
@@ -255,17 +257,16 @@ class LeanDecoder(nn.Module):
         head = target.get_output_embeddings()
         embed = inner.embed_tokens
         self.vocab = head.weight.shape[0]
-        small = sum(p.numel() for p in target.parameters()) < SMALL_MODEL
-        self.head = LeanLinear(head.weight, getattr(head, "bias", None), bits, group_size, share=True, small=small)
+        self.head = LeanLinear(head.weight, getattr(head, "bias", None), bits, group_size, share=True)
         if embed.weight is head.weight and not self.head.int4 and bits is not None:
             self.register_buffer("embed_table", self.head.weight)  # tied: the same dense RTN values, held once
         else:
-            self.register_buffer("embed_table", _embedding_table(embed.weight, bits, group_size, small))
+            self.register_buffer("embed_table", _embedding_table(embed.weight, bits, group_size))
         scale = getattr(embed, "embed_scale", None)  # Gemma: cast to the weights' dtype, as its forward does
         self.embed_scale = float(scale.to(embed.weight.dtype)) if scale is not None else None
         self.final_norm, self.eps = _norm_weight(inner.norm, self.hidden)
         self.softcap = getattr(config, "final_logit_softcapping", None)
-        self.blocks = nn.ModuleList(_Block(layer, bits, group_size, small) for layer in layers)
+        self.blocks = nn.ModuleList(_Block(layer, bits, group_size) for layer in layers)
         self.head_dim, self.kv_heads = self.blocks[0].head_dim, self.blocks[0].kv_heads
         self.max_positions = max_positions or getattr(config, "max_position_embeddings", 4096) or 4096
         self._rotary = inner.rotary_emb
@@ -307,6 +308,19 @@ class LeanDecoder(nn.Module):
                 **_unused):
         cache = cache if cache is not None else past_key_values
         cache = cache if cache is not None else self.hfspec_new_cache()
+        logits = self.logits(input_ids, position_ids, attention_mask, cache, logits_to_keep)
+        return SimpleNamespace(logits=logits, cache=cache, past_key_values=cache)
+
+    def hfspec_draft(self, vocab: int | None = None):
+        """The decoding loop's `Draft`: this model's steps called directly (no module call, no keywords)."""
+        from hfspec.drafts.base import ModelDraft
+
+        return ModelDraft(LeanRunner(self), vocab)
+
+    @torch.no_grad()
+    def logits(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None, attention_mask: torch.Tensor | None,
+               cache: LeanCache, logits_to_keep: int = 0) -> torch.Tensor:
+        """Run over `input_ids` after what `cache` holds; logits of the last `logits_to_keep` positions (0: all)."""
         batch, steps = input_ids.shape
         start = cache.length
         end = start + steps
@@ -333,7 +347,38 @@ class LeanDecoder(nn.Module):
         logits = self._head_mm(h.reshape(-1, self.hidden)).view(*h.shape[:-1], -1)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
-        return SimpleNamespace(logits=logits, cache=cache, past_key_values=cache)
+        return logits
+
+
+class LeanRunner:
+    """`CachedModel`'s interface (feed / rollback / keep_rows and counters) over a `LeanDecoder`."""
+
+    def __init__(self, model: LeanDecoder):
+        self.model = model
+        self.cache = model.hfspec_new_cache()
+        self.cached = 0
+        self.forwards = 0
+        self.positions_fed = 0
+        self.seconds = 0.0
+
+    def feed(self, tokens, positions, valid, end: int, keep: int, all_valid: bool) -> torch.Tensor:
+        """Run over slots [cached, end); return logits [B, keep, V] of the last `keep` slots."""
+        start = self.cached
+        began = time.perf_counter()
+        logits = self.model.logits(tokens[:, start:end], positions[:, start:end],
+                                   None if all_valid else valid[:, :end], self.cache, keep)
+        self.seconds += time.perf_counter() - began
+        self.cached = end
+        self.forwards += 1
+        self.positions_fed += (end - start) * tokens.shape[0]
+        return logits
+
+    def rollback(self, length: int) -> None:
+        if self.cached > length:
+            self.cache.length = self.cached = length
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        self.cache.batch_select_indices(rows)
 
 
 def _attention_mask(start: int, end: int, steps: int, valid: torch.Tensor | None, window: int | None):
@@ -352,14 +397,14 @@ def _attention_mask(start: int, end: int, steps: int, valid: torch.Tensor | None
     return mask if valid is None else mask & valid[:, None, None, :end].bool()
 
 
-def _embedding_table(weight: torch.Tensor, bits: int | None, group_size: int, small: bool) -> torch.Tensor:
+def _embedding_table(weight: torch.Tensor, bits: int | None, group_size: int) -> torch.Tensor:
     """The input embedding as a dense table: the target's own when unquantised, else the RTN values (bf16
-    unless the model is small, to hold half the bytes; the int4 kernel cannot gather rows)."""
+    unless the table is small, to hold half the bytes; the int4 kernel cannot gather rows)."""
     if bits is None:
         return weight.detach()
     with torch.no_grad():
         q, scale, zero = groupwise.group_quantize(weight.detach().float(), bits, group_size)
-        dtype = torch.float32 if small else torch.bfloat16
+        dtype = torch.float32 if weight.numel() < DENSE_BELOW else torch.bfloat16
         return groupwise.group_dequantize(q, scale, zero, group_size, dtype)
 
 
@@ -382,7 +427,7 @@ def _pair_rotary_rows(w: torch.Tensor | None, heads: int, head_dim: int, rot: in
 class _Block(nn.Module):
     """One decoder layer's weights; `step()` returns its forward as a function with the fewest operators."""
 
-    def __init__(self, layer: nn.Module, bits: int | None, group_size: int, small: bool):
+    def __init__(self, layer: nn.Module, bits: int | None, group_size: int):
         super().__init__()
         attn, mlp = layer.self_attn, layer.mlp
         config = attn.config
@@ -408,16 +453,16 @@ class _Block(nn.Module):
         biases = [bq, bk, bv]
         b = None if all(x is None for x in biases) else torch.cat([
             x if x is not None else torch.zeros(n) for x, n in zip(biases, (nq * d, nkv * d, nkv * d), strict=True)])
-        self.qkv = LeanLinear(torch.cat([wq, wk, wv]), b, bits, group_size, small=small)
-        self.o = LeanLinear(*_linear_parts(attn.o_proj), bits, group_size, small=small)
+        self.qkv = LeanLinear(torch.cat([wq, wk, wv]), b, bits, group_size)
+        self.o = LeanLinear(*_linear_parts(attn.o_proj), bits, group_size)
         if hasattr(mlp, "gate_up_proj"):
             w, b = _linear_parts(mlp.gate_up_proj)
         else:
             (wg, bg), (wu, bu) = _linear_parts(mlp.gate_proj), _linear_parts(mlp.up_proj)
             w, b = torch.cat([wg, wu]), (None if bg is None else torch.cat([bg, bu]))
         self.inter = w.shape[0] // 2
-        self.gate_up = LeanLinear(w, b, bits, group_size, small=small)
-        self.down = LeanLinear(*_linear_parts(mlp.down_proj), bits, group_size, small=small)
+        self.gate_up = LeanLinear(w, b, bits, group_size)
+        self.down = LeanLinear(*_linear_parts(mlp.down_proj), bits, group_size)
         self.in_norm, self.eps = _norm_weight(layer.input_layernorm, hidden)
         post_attn, _ = _norm_weight(getattr(layer, "post_attention_layernorm", None), hidden)
         pre_ff, _ = _norm_weight(getattr(layer, "pre_feedforward_layernorm", None), hidden)
