@@ -7,10 +7,12 @@ three alike; results are reported as tokens/s and as ratios.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 import torch
 
 import hfspec
+from hfspec.errors import HfspecError
 
 
 def _timed(fn) -> tuple[float, object]:
@@ -20,22 +22,73 @@ def _timed(fn) -> tuple[float, object]:
     return seconds, out
 
 
+def hf_assisted(target, draft, gamma: int, assistant=None) -> tuple[dict, str]:
+    """Keyword arguments for transformers' own assisted generation that match hfspec's `draft`, and a label.
+
+    assistant: a model to use instead (an HF model with `generate`). Otherwise: prompt lookup drafts use
+    `prompt_lookup_num_tokens=γ` (and their n-gram size); a draft that is an HF model (sibling, bitsandbytes,
+    HF-forward RTN) is the assistant itself; a lean RTN draft (no `generate`) is rebuilt as its HF-forward copy,
+    `make_draft(target, spec, lean=False)`.
+    """
+    from hfspec.drafts import make_draft, registry
+
+    if assistant is not None:
+        if not callable(getattr(assistant, "generate", None)):
+            raise HfspecError(f"assistant: got {type(assistant).__name__}; allowed: a model with transformers' "
+                              "generate (the HF assisted baseline runs it), or None to derive one from the draft")
+        return {"assistant_model": assistant}, f"the given {type(assistant).__name__}"
+    spec = getattr(draft, "hfspec_draft_spec", None)
+    parsed = registry.parse(spec) if spec else None
+    if parsed is not None and parsed.kind == "lookup":
+        ngram = int(parsed.param("ngram"))
+        return ({"prompt_lookup_num_tokens": gamma, "max_matching_ngram_size": ngram},
+                f"prompt_lookup_num_tokens={gamma}, max_matching_ngram_size={ngram}")
+    if callable(getattr(draft, "generate", None)):
+        return {"assistant_model": draft}, f"the draft itself ({spec or type(draft).__name__})"
+    if parsed is not None and parsed.kind == "rtn":
+        return {"assistant_model": make_draft(target, spec, lean=False)}, f"{spec} through the HF forward"
+    raise HfspecError(f"draft: {spec or type(draft).__name__} has no HF counterpart for the assisted baseline; "
+                      "allowed: pass assistant=<an HF model>, or a draft made by hfspec.make_draft")
+
+
+@contextmanager
+def _assistant_settings(kwargs: dict, gamma: int):
+    """A constant γ for an assistant model (transformers reads it from the assistant's generation config),
+    restored afterwards so a user's sibling model is left as it was."""
+    model = kwargs.get("assistant_model")
+    if model is None:
+        yield
+        return
+    config = model.generation_config
+    wanted = {"num_assistant_tokens": gamma, "num_assistant_tokens_schedule": "constant",
+              "assistant_confidence_threshold": 0.0}
+    saved = {name: getattr(config, name, None) for name in wanted}
+    for name, value in wanted.items():
+        setattr(config, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(config, name, value)
+
+
 def compare_methods(target, draft, input_ids, gamma: int = 4, temperature: float = 0.0, max_new_tokens: int = 128,
-                    repeats: int = 3, seed: int = 1, warmup: bool = True) -> dict:
-    """tokens/s of plain HF, HF assisted (constant γ) and hfspec; their ratios; hfspec's time split."""
+                    repeats: int = 3, seed: int = 1, warmup: bool = True, assistant=None) -> dict:
+    """tokens/s of plain HF, HF assisted (constant γ) and hfspec; their ratios; hfspec's time split.
+
+    HF assisted runs the draft's HF counterpart (see `hf_assisted`; `assistant` overrides it)."""
     mask = torch.ones_like(input_ids)
     sample = temperature > 0
     hf_kwargs = dict(attention_mask=mask, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
                      do_sample=sample, **({"temperature": temperature} if sample else {}))
-    draft.generation_config.num_assistant_tokens = gamma
-    draft.generation_config.num_assistant_tokens_schedule = "constant"
-    draft.generation_config.assistant_confidence_threshold = 0.0
+    assisted_kwargs, assistant_label = hf_assisted(target, draft, gamma, assistant)
 
     def plain():
         return target.generate(input_ids, **hf_kwargs)
 
     def assisted():
-        return target.generate(input_ids, assistant_model=draft, **hf_kwargs)
+        with _assistant_settings(assisted_kwargs, gamma):
+            return target.generate(input_ids, **assisted_kwargs, **hf_kwargs)
 
     def ours():
         return hfspec.generate(target, input_ids, draft=draft, gamma=gamma, temperature=temperature,
@@ -63,6 +116,7 @@ def compare_methods(target, draft, input_ids, gamma: int = 4, temperature: float
         "tokens_per_second": tps,
         "speedup_vs_plain": {name: tps[name] / tps["plain generate"] for name in methods},
         "hfspec_vs_assisted": tps["hfspec"] / tps["HF assisted"],
+        "hf_assistant": assistant_label,
         "alpha": spec_stats.alpha,
         "tokens_per_pass": spec_stats.tokens_per_pass,
         "c_bytes": spec_stats.c_bytes,

@@ -21,12 +21,19 @@ def _gamma(text: str):
         raise argparse.ArgumentTypeError(f"gamma: got {text!r}; allowed: an integer 1..64 or auto") from None
 
 
+def _draft_specs() -> str:
+    """The allowed draft specs, from the registry of draft kinds (escaped for argparse's %-formatting)."""
+    from hfspec.drafts.registry import allowed
+
+    return allowed().replace("%", "%%")
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     from hfspec.presets import DEFAULT_PRESET
 
     p.add_argument("--preset", default=DEFAULT_PRESET, help=f"preset name or .toml path (default {DEFAULT_PRESET})")
     p.add_argument("--target", help="target: model folder, hub id or .gguf file (overrides the preset)")
-    p.add_argument("--draft", help="draft: rtnB[-gN], bnb-nf4|fp4|int8, or a sibling folder / hub id")
+    p.add_argument("--draft", help=f"draft: {_draft_specs()}")
     p.add_argument("--temperature", type=float, help="0 is greedy")
     p.add_argument("--top-k", type=int)
     p.add_argument("--top-p", type=float)
@@ -52,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep = sub.add_parser("sweep", help="α, tokens per pass and speed-up for each γ (the plate's figure)")
     _common(sweep)
     sweep.add_argument("--gammas", default="1-8", help="e.g. 1-8, 1,2,4, 1-6,auto")
-    sweep.add_argument("--drafts", help="comma-separated draft specs (default: the preset's draft)")
+    sweep.add_argument("--drafts", help=f"comma-separated draft specs (default: the preset's draft); each one of: "
+                                         f"{_draft_specs()}")
     sweep.add_argument("--repeats", type=int, default=1, help="seeded runs pooled per point")
     sweep.add_argument("--json", action="store_true")
     sweep.add_argument("--csv", metavar="FILE")
@@ -62,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare = sub.add_parser("compare", help="several drafts on the same prompt and settings")
     _common(compare)
     compare.add_argument("--gamma", type=_gamma)
-    compare.add_argument("--drafts", required=True, help="comma-separated draft specs")
+    compare.add_argument("--drafts", required=True, help=f"comma-separated draft specs, each one of: {_draft_specs()}")
     compare.add_argument("--repeats", type=int, default=1)
     compare.add_argument("--json", action="store_true")
     compare.add_argument("--csv", metavar="FILE")
@@ -150,7 +158,8 @@ def _say(message: str) -> None:
 def cmd_run(args) -> int:
     from hfspec import report
 
-    settings = _settings(args, measure_baseline=not args.no_baseline, ignore_eos=args.ignore_eos)
+    # --ignore-eos can only turn it on: without the flag the preset's own ignore_eos stands
+    settings = _settings(args, measure_baseline=not args.no_baseline, **({"ignore_eos": True} if args.ignore_eos else {}))
     result = _session(args).run(settings, progress=_say)
     base = result.baseline.tokens_per_second if result.baseline else None
     if args.json:
@@ -240,6 +249,7 @@ def cmd_bench(args) -> int:
         rows = [{"method": m, "tokens_per_second": t, "vs_plain": result["speedup_vs_plain"][m]}
                 for m, t in result["tokens_per_second"].items()]
         print(report.table(rows, ["method", "tokens_per_second", "vs_plain"]))
+        print(f"HF assisted ran {result['hf_assistant']}")
         print(f"hfspec / HF assisted: {result['hfspec_vs_assisted']:.2f}×; α {result['alpha']:.3f}; "
               f"hfspec time outside forwards {result['hfspec_time_split']['other']:.1%}")
     return 0

@@ -86,17 +86,16 @@ def decode(
 
         d_seconds, d_forwards = draft.seconds, draft.forwards
         x, q = draft.propose(slots, gamma, pick)
-        gamma = x.shape[1]  # a draft may propose fewer
+        asked, gamma = gamma, x.shape[1]  # a draft may propose fewer
 
         # Target: one forward over everything it has not seen, distributions at γ + 1 positions.
         t_seconds = t_model.seconds
         logits = t_model.feed(slots.tokens, slots.positions, slots.valid, start + gamma, gamma + 1, slots.all_valid)
         logits = logits.to(device)
         if scorer.do_sample:
-            p = scorer.probs(groups, x, logits)
-            if q is None:  # a draft without distributions proposes deterministically: q is one-hot on x
-                q = torch.zeros_like(p[:, :gamma]).scatter_(-1, x.unsqueeze(-1), 1.0)
-            n, token = verify(p, q, x, generator)
+            # q None: a draft without distributions proposes deterministically (q one-hot on x; `verify` forms
+            # it only at the one position per row that needs it)
+            n, token = verify(scorer.probs(groups, x, logits), q, x, generator)
         else:
             n, token = verify_greedy(scorer.greedy(groups, x, logits), x)
 
@@ -123,7 +122,9 @@ def decode(
         if streamer is not None and new_tokens[0]:
             streamer.put(input_ids.new_tensor(new_tokens[0]).cpu())
         stats.record_round(gamma, accepted, checked, committed, active)
-        if speculative:
+        # A round where the draft had nothing to propose (prompt lookup without a match) says nothing about
+        # α or c, and is not the policy choosing plain decoding: the policy does not learn from it.
+        if speculative and not (asked > 0 and gamma == 0):
             d_step = (draft.seconds - d_seconds) / max(1, draft.forwards - d_forwards)
             policy.update(gamma, sum(accepted), sum(checked), d_step, t_model.seconds - t_seconds)
         _copy_model_stats(stats, t_model, draft, began)

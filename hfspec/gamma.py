@@ -6,6 +6,7 @@ The choice for a round is made before the target sees that round, so it cannot b
 from __future__ import annotations
 
 from hfspec.stats import estimated_speedup, optimal_gamma
+from hfspec.validate import AUTO_GAMMA_MAX
 
 
 class FixedGamma:
@@ -26,12 +27,14 @@ class AdaptiveGamma:
     """Picks argmax_γ (1 − α^(γ+1)) / ((1 − α)(γc + 1)) from decayed estimates of α and c.
 
     α: accepted / checked over recent rounds (exponential decay, with a weak prior of α = 0.5).
-    c: mean draft forward time / mean target forward time over recent rounds, starting from the bytes ratio.
+    c: mean draft forward time / mean target forward time over recent rounds. `c_prior` (e.g. the bytes ratio)
+    is used only until the first clean measurement (round 2; round 1 includes the prompt), which replaces it:
+    a lean draft's time ratio can be far from its bytes ratio either way.
     When no γ ≥ 1 is expected to beat plain decoding (speed-up < 1, e.g. a draft that is not really cheaper),
     it decodes plainly (γ = 0) and probes with γ = 1 every `probe_every` rounds to keep α and c fresh.
     """
 
-    def __init__(self, gamma_max: int = 16, c_prior: float = 0.2, decay: float = 0.95, start: int = 4,
+    def __init__(self, gamma_max: int = AUTO_GAMMA_MAX, c_prior: float = 0.2, decay: float = 0.95, start: int = 4,
                  probe_every: int = 8):
         self.gamma_max = gamma_max
         self.decay = decay
@@ -42,6 +45,7 @@ class AdaptiveGamma:
         self._gamma = min(start, gamma_max)
         self._rounds = 0
         self._plain_rounds = 0
+        self._c_measured = False
 
     @property
     def alpha(self) -> float:
@@ -66,7 +70,8 @@ class AdaptiveGamma:
         self._checked = self.decay * self._checked + checked
         if self._rounds > 1 and draft_seconds > 0 and target_seconds > 0:
             measured = draft_seconds / target_seconds
-            self._c = 0.8 * self._c + 0.2 * measured
+            self._c = 0.8 * self._c + 0.2 * measured if self._c_measured else measured
+            self._c_measured = True
         alpha = min(self.alpha, 0.999)
         best = optimal_gamma(alpha, self._c, self.gamma_max)
         self._gamma = best if estimated_speedup(alpha, best, self._c) > 1.0 else 0

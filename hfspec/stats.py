@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from hfspec.validate import AUTO_GAMMA_MAX
+
 
 def expected_tokens_per_pass(alpha: float, gamma: int) -> float:
     """E[tokens per target pass] = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, Eq. 1)."""
@@ -17,7 +19,7 @@ def estimated_speedup(alpha: float, gamma: int, c: float) -> float:
     return expected_tokens_per_pass(alpha, gamma) / (1 + gamma * c)
 
 
-def optimal_gamma(alpha: float, c: float, gamma_max: int = 16) -> int:
+def optimal_gamma(alpha: float, c: float, gamma_max: int = AUTO_GAMMA_MAX) -> int:
     """The γ in [1, γ_max] with the largest estimated speed-up (found numerically, as the paper does)."""
     return max(range(1, gamma_max + 1), key=lambda g: (estimated_speedup(alpha, g, c), -g))
 

@@ -9,7 +9,8 @@ import torch
 
 from hfspec.errors import HfspecError, bad_value
 
-GAMMA_MAX = 64
+GAMMA_MAX = 64  # the largest fixed γ a user may ask for
+AUTO_GAMMA_MAX = 16  # the largest γ that gamma="auto" (AdaptiveGamma, stats.optimal_gamma) considers
 
 
 def check_gamma(gamma) -> None:

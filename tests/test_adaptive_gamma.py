@@ -77,3 +77,13 @@ def test_auto_with_a_costly_draft_is_still_exact_and_labels_plain_tokens():
     rounds = out.stats.gamma_per_round
     if 0 in rounds:
         assert "target" in out.token_kinds[0]
+
+
+def test_first_clean_measurement_replaces_the_prior():
+    """A lean draft's bytes ratio can be far from its time ratio: the prior must not linger."""
+    policy = AdaptiveGamma(c_prior=0.95)
+    policy.update(4, 4, 4, 0.5, 1.0)  # round 1 includes the prompt: not a clean measurement
+    assert policy.c == 0.95
+    policy.update(4, 4, 4, 0.2, 1.0)
+    assert policy.c == pytest.approx(0.2)
+    assert policy.next() >= 2  # with α high and c = 0.2, speculation pays

@@ -179,3 +179,48 @@ def test_stats_formulas_and_consistency(pair):
     d = s.to_dict()
     for key in ("alpha", "tokens_per_pass", "c_bytes", "c_time", "expected_tokens_per_pass", "estimated_speedup"):
         assert key in d
+
+
+def test_auto_gamma_keeps_proposing_when_lookup_finds_no_match_for_a_round(monkeypatch):
+    """A round where prompt lookup has no match proposes nothing; that is not the policy choosing plain decoding,
+    so the adaptive γ must not learn from it (it used to drop to γ = 0 and decode plainly until a probe)."""
+    import hfspec.hf
+    from hfspec.gamma import AdaptiveGamma
+
+    class Spy(AdaptiveGamma):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.asked, self.told = [], []
+
+        def next(self):
+            self.asked.append(super().next())
+            return self.asked[-1]
+
+        def update(self, gamma, *rest):
+            self.told.append((self.asked[-1], gamma))
+            super().update(gamma, *rest)
+
+    spies = []
+    monkeypatch.setattr(hfspec.hf, "_policy", lambda gamma, stats: spies.append(Spy(c_prior=stats.c_bytes)) or spies[-1])
+    target = build("llama", init=0.2)
+    prompt = torch.tensor([[0] + [5, 6, 7, 8] * 6 + [9]])  # repetitive, but its last token never occurred before
+    out = hfspec.generate(target, prompt, draft=hfspec.make_draft(target, "lookup"), gamma="auto", temperature=0,
+                          max_new_tokens=40, min_new_tokens=40)
+    expected = target.generate(prompt, do_sample=False, max_new_tokens=40, min_new_tokens=40)
+    assert torch.equal(out.sequences, expected)
+    assert [pair for pair in spies[0].told if pair[0] > 0 and pair[1] == 0] == []
+    rounds = out.stats.gamma_per_round
+    assert rounds[0] == 0 and out.stats.accepted > 20, "the first round has no match; later rounds copy"
+    assert rounds.count(0) <= 2, f"it must keep proposing once matches exist: {rounds}"
+
+
+def test_one_constant_bounds_auto_gamma():
+    import inspect
+
+    from hfspec.gamma import AdaptiveGamma
+    from hfspec.stats import optimal_gamma
+    from hfspec.validate import AUTO_GAMMA_MAX, GAMMA_MAX
+
+    assert AdaptiveGamma().gamma_max == AUTO_GAMMA_MAX <= GAMMA_MAX
+    assert inspect.signature(optimal_gamma).parameters["gamma_max"].default == AUTO_GAMMA_MAX
+    assert optimal_gamma(0.999, 0.0) == AUTO_GAMMA_MAX  # free drafts that are always accepted: the cap binds
