@@ -123,3 +123,12 @@ def test_describe_names_the_step():
     target = _target("llama")
     assert "lean decode step" in hfspec.drafts.describe(make_draft(target, "rtn4"))["step"]
     assert hfspec.drafts.describe(make_draft(target, "rtn4", lean=False))["step"] == "Hugging Face forward"
+
+
+def test_quant_describe_lists_every_lean_matrix():
+    from hfspec.quant import describe
+
+    target = _target("llama")
+    rows = describe(make_draft(target, "rtn4"))
+    assert len(rows) == 2 * 4 + 1  # per layer: fused QKV, O, fused gate/up, down; plus the head
+    assert all(row["path"].startswith("lean: ") for row in rows)
