@@ -4,11 +4,16 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 OUT="${OUT:-results}"
-SMOLLM2="${SMOLLM2:-/tmp/smollm2/hf}"
+SMOLLM2="${SMOLLM2:-$HOME/.cache/hfspec-models/smollm2-135m-instruct}"
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1
-python bench_engine.py --models stories260K,smollm2 --smollm2 "$SMOLLM2" --draft rtn4 --gamma 4 \
+python bench_steps.py --models micro,stories260K,smollm2 --smollm2 "$SMOLLM2" --draft rtn4 --gamma 4 \
+    | tee "$OUT/steps.md"
+python bench_engine.py --models micro,stories260K,smollm2 --smollm2 "$SMOLLM2" --draft rtn4 --gamma 4 \
     --max-new-tokens 128 --repeats 3 | tee "$OUT/engine.md"
+python bench_lookup.py --models micro --repeats 5 --max-new-tokens 128 --json "$OUT/lookup_micro.json" \
+    | tee "$OUT/lookup_micro.md"
+python bench_vocab_overhead.py | tee "$OUT/vocab_overhead.md"
 (cd .. && hfspec sweep --preset micro-rtn4 --drafts rtn4,rtn3,presets/models/nano --gammas 1-8 --temperature 1 \
     --prompt "The attention" --max-new-tokens 200 --seed 1 --repeats 5 --json --csv "benchmarks/$OUT/sweep_micro.csv" \
     --plot "benchmarks/$OUT/sweep_micro.png") > "$OUT/sweep_micro.json"

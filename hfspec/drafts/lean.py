@@ -54,7 +54,7 @@ class LeanLinear(nn.Module):
         self.group_size = group_size
         with torch.no_grad():
             if self.int4:
-                q, scale, zero = groupwise.group_quantize(w.float(), bits, group_size)
+                q, scale, zero = groupwise.group_quantize(w, bits, group_size)
                 pad = -self.out_features % 64
                 if pad:
                     q = torch.cat([q, q.new_zeros(pad, self.in_features)])
@@ -65,7 +65,7 @@ class LeanLinear(nn.Module):
                 self.register_buffer("scales_and_zeros", sz.transpose(0, 1).contiguous().to(torch.bfloat16))
                 self.path = _PATH_INT4
             elif bits is not None:
-                q, scale, zero = groupwise.group_quantize(w.float(), bits, group_size)
+                q, scale, zero = groupwise.group_quantize(w, bits, group_size)
                 small = w.numel() < DENSE_BELOW
                 dense = groupwise.group_dequantize(q, scale, zero, group_size, torch.float32 if small else torch.bfloat16)
                 self.register_buffer("weight", dense)
