@@ -37,9 +37,12 @@ def main() -> None:
             draft = hfspec.make_draft(target, spec, target_tokenizer=tokenizer) if "/" in spec else \
                 hfspec.make_draft(target, spec)
             gen = dict(temperature=t, max_new_tokens=n, min_new_tokens=n)
-            draft.generation_config.num_assistant_tokens = 4
-            draft.generation_config.num_assistant_tokens_schedule = "heuristic"
-            draft.generation_config.assistant_confidence_threshold = 0.0
+            # HF's heuristic schedule runs an HF model: the draft itself, or its HF-forward copy for a lean draft
+            assistant = draft if callable(getattr(draft, "generate", None)) else \
+                hfspec.make_draft(target, spec, lean=False)
+            assistant.generation_config.num_assistant_tokens = 4
+            assistant.generation_config.num_assistant_tokens_schedule = "heuristic"
+            assistant.generation_config.assistant_confidence_threshold = 0.0
 
             keys = gammas + ["auto"]
             seconds = dict.fromkeys(keys + ["hf"], 0.0)
@@ -54,7 +57,7 @@ def main() -> None:
                             auto_gammas += out.stats.gamma_per_round
                 torch.manual_seed(args.seed + r)
                 began = time.perf_counter()
-                target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft, do_sample=True,
+                target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=assistant, do_sample=True,
                                 temperature=t, max_new_tokens=n, min_new_tokens=n)
                 took = time.perf_counter() - began
                 if r:

@@ -271,10 +271,17 @@ def _common_prefix(a: str, b: str) -> int:
 @dataclass
 class Baseline:
     """Plain decoding of exactly the run's token count (same prompt, seed and sampling; EOS suppressed until
-    then), measured right after the run: the measured speed-up's denominator."""
+    then), measured right after the run: the measured speed-up's denominator. `speculative_time`: the same
+    speculative decoding of the same tokens timed beside it without live callbacks (a live display slows the
+    run it watches, and the plain run has none), the numerator; None when only the plain run was measured."""
 
     new_tokens: int
     time_total: float
+    speculative_time: float | None = None
+
+    @property
+    def speculative_tokens_per_second(self) -> float | None:
+        return self.new_tokens / self.speculative_time if self.speculative_time else None
 
     @property
     def tokens_per_second(self) -> float:
@@ -296,9 +303,11 @@ class RunResult:
 
     @property
     def measured_speedup(self) -> float | None:
+        """Speculative over plain tokens/s, both measured the same way right after the run (no live display)."""
         if self.baseline is None or not self.baseline.tokens_per_second:
             return None
-        return self.stats.tokens_per_second / self.baseline.tokens_per_second
+        speculative = self.baseline.speculative_tokens_per_second or self.stats.tokens_per_second
+        return speculative / self.baseline.tokens_per_second
 
     @property
     def stop_reason(self) -> str:
@@ -327,6 +336,7 @@ class RunResult:
             "baseline_new_tokens": b.new_tokens if b else None,
             "baseline_time_total": b.time_total if b else None,
             "baseline_tokens_per_second": b.tokens_per_second if b else None,
+            "speculative_tokens_per_second_measured": b.speculative_tokens_per_second if b else None,
             "stop_reason": s.stop_reason,
             "stopped": s.stopped,
         }
@@ -511,7 +521,14 @@ class Session:
         result = RunResult(settings=replace(settings), stats=out.stats, prompt_text=prompt_text, pieces=pieces,
                            series=series)
         if settings.measure_baseline and not out.stats.stopped and out.stats.new_tokens:
-            result.baseline = self.baseline(settings, out.stats.new_tokens, should_stop, progress)
+            n = out.stats.new_tokens
+            if progress:
+                progress(f"measuring: speculative decoding of {n} tokens without the live display…")
+            fixed = dict(settings.generate_kwargs(), max_new_tokens=n, min_new_tokens=n)
+            quiet = hfspec.generate(target, ids, draft=draft, should_stop=should_stop, **fixed).stats
+            result.baseline = self.baseline(settings, n, should_stop, progress)
+            if result.baseline is not None and not quiet.stopped:
+                result.baseline.speculative_time = quiet.time_total
         return result
 
     def baseline(self, settings: RunSettings, new_tokens: int | None = None, should_stop: StopCheck | None = None,

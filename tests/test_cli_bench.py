@@ -79,7 +79,7 @@ class _Captured(Exception):
 
 
 @pytest.mark.parametrize("preset, flag, expected", [("micro-auto", [], True), ("micro-auto", ["--ignore-eos"], True),
-                                                    ("micro-rtn4", [], False), ("micro-rtn4", ["--ignore-eos"], True)])
+                                                    ("micro-nano", [], False), ("micro-nano", ["--ignore-eos"], True)])
 def test_ignore_eos_flag_only_turns_it_on(monkeypatch, preset, flag, expected):
     import hfspec.cli as cli
 

@@ -4,6 +4,7 @@ equal-length baselines measured beside them, stop reasons, and sweep / compare t
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -226,3 +227,20 @@ def test_sweep_and_compare_run_the_cli_engine(session, micro, monkeypatch):
         session.sweep(micro, gammas=[0])
     with pytest.raises(HfspecError, match="draft"):
         session.compare(micro, ["rtn99"])
+
+
+def test_measured_speedup_times_both_runs_without_the_live_display(session, micro):
+    """The live run pays for its callbacks and the plain baseline has none: the speed-up's numerator is the
+    same speculative decoding of the same tokens, timed beside the baseline without callbacks."""
+    slow = []
+
+    def on_live(snapshot):  # a display that costs time every pass
+        slow.append(snapshot.round_index)
+        time.sleep(0.02)
+
+    result = session.run(replace(micro, measure_baseline=True, max_new_tokens=12, ignore_eos=True), on_live=on_live)
+    b = result.baseline
+    assert slow and b is not None and b.speculative_time is not None
+    assert b.speculative_time < result.stats.time_total - 0.015 * len(slow)  # the sleeps are not in it
+    assert result.measured_speedup == pytest.approx((b.new_tokens / b.speculative_time) / b.tokens_per_second)
+    assert result.summary()["speculative_tokens_per_second_measured"] == pytest.approx(b.new_tokens / b.speculative_time)
