@@ -53,7 +53,7 @@ def decode(
     stats = stats or SpecStats()
     stats.gamma, stats.batch_size = (policy.label if speculative else 0), batch
     stats.stop_reasons = [""] * batch
-    slots = _Slots(input_ids, attention_mask)
+    slots = Slots(input_ids, attention_mask)
     t_model = target_runner or CachedModel(target)
     out: list[list[int]] = [[] for _ in range(batch)]
     kinds: list[list[str]] = [[] for _ in range(batch)]
@@ -154,8 +154,6 @@ def decode(
         sequences[row, prompt_len : prompt_len + len(tokens)] = input_ids.new_tensor(tokens)
     return DecodeResult(sequences, kinds, stats)
 
-
-_Slots = Slots
 
 
 def _history_groups(histories: list[torch.Tensor], device) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -32,6 +32,18 @@ class CachedModel:
     def feed(self, tokens, positions, valid, end: int, keep: int, all_valid: bool) -> torch.Tensor:
         """Run over slots [cached, end); return logits [B, keep, V] of the last `keep` slots."""
         start = self.cached
+        began = time.perf_counter()
+        logits = self._run(tokens, positions, valid, start, end, keep, all_valid)
+        if self._sync:
+            torch.cuda.synchronize(self.device)
+        self.seconds += time.perf_counter() - began
+        self.cached = end
+        self.forwards += 1
+        self.positions_fed += (end - start) * tokens.shape[0]
+        return logits
+
+    def _run(self, tokens, positions, valid, start: int, end: int, keep: int, all_valid: bool) -> torch.Tensor:
+        """One HF forward over slots [start, end) with the cache; keeps the cache it returns."""
         kwargs = {
             "input_ids": tokens[:, start:end].to(self.device),
             self._cache_kw: self.cache,
@@ -42,17 +54,9 @@ class CachedModel:
             kwargs["position_ids"] = positions[:, start:end].to(self.device)
         if self._has_keep:
             kwargs["logits_to_keep"] = keep
-        began = time.perf_counter()
         outputs = self.model(**kwargs)
-        logits = outputs.logits[:, -keep:]
-        if self._sync:
-            torch.cuda.synchronize(self.device)
-        self.seconds += time.perf_counter() - began
         self.cache = kv.cache_of(outputs)
-        self.cached = end
-        self.forwards += 1
-        self.positions_fed += (end - start) * tokens.shape[0]
-        return logits
+        return outputs.logits[:, -keep:]
 
     def rollback(self, length: int) -> None:
         """Forget slots at and beyond `length`."""

@@ -17,7 +17,6 @@ sliding window counted in slots rather than positions. `lean_reason(model)` says
 from __future__ import annotations
 
 import inspect
-import time
 from types import SimpleNamespace
 
 import torch
@@ -25,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hfspec.errors import HfspecError
+from hfspec.kv_model import CachedModel
 from hfspec.quant import groupwise, packing
 from hfspec.quant.modules import FUSED_GROUP_SIZES
 
@@ -350,35 +350,12 @@ class LeanDecoder(nn.Module):
         return logits
 
 
-class LeanRunner:
-    """`CachedModel`'s interface (feed / rollback / keep_rows and counters) over a `LeanDecoder`."""
+class LeanRunner(CachedModel):
+    """A `CachedModel` whose forward calls the lean decoder's steps directly (no module call, no keywords)."""
 
-    def __init__(self, model: LeanDecoder):
-        self.model = model
-        self.cache = model.hfspec_new_cache()
-        self.cached = 0
-        self.forwards = 0
-        self.positions_fed = 0
-        self.seconds = 0.0
-
-    def feed(self, tokens, positions, valid, end: int, keep: int, all_valid: bool) -> torch.Tensor:
-        """Run over slots [cached, end); return logits [B, keep, V] of the last `keep` slots."""
-        start = self.cached
-        began = time.perf_counter()
-        logits = self.model.logits(tokens[:, start:end], positions[:, start:end],
-                                   None if all_valid else valid[:, :end], self.cache, keep)
-        self.seconds += time.perf_counter() - began
-        self.cached = end
-        self.forwards += 1
-        self.positions_fed += (end - start) * tokens.shape[0]
-        return logits
-
-    def rollback(self, length: int) -> None:
-        if self.cached > length:
-            self.cache.length = self.cached = length
-
-    def keep_rows(self, rows: torch.Tensor) -> None:
-        self.cache.batch_select_indices(rows)
+    def _run(self, tokens, positions, valid, start: int, end: int, keep: int, all_valid: bool) -> torch.Tensor:
+        return self.model.logits(tokens[:, start:end], positions[:, start:end],
+                                 None if all_valid else valid[:, :end], self.cache, keep)
 
 
 def _attention_mask(start: int, end: int, steps: int, valid: torch.Tensor | None, window: int | None):
