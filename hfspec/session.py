@@ -456,6 +456,8 @@ class Session:
             say(f"building draft {parsed.label}…")
             kind = registry.KINDS.get(parsed.kind)
             options = {"target_tokenizer": tokenizer, "progress": say} if kind and kind.options is None else {}
+            if kind and kind.options and "progress" in kind.options:
+                options["progress"] = say
             draft = make_draft(target, spec.strip(), **options)
             while len(self._drafts) >= self.max_drafts:
                 self._drafts.pop(next(iter(self._drafts)))

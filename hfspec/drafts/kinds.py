@@ -14,7 +14,8 @@ BNB_KINDS = ("nf4", "fp4", "int8")
 DEFAULT_GROUP_SIZE = 32
 RTN_BITS = (2, 8)
 GROUP_SIZES = (8, 8192)
-_RTN = re.compile(r"rtn(\d+)(?:-g(\d+))?")
+_RTN = re.compile(r"rtn(\d+)(?:-g(\d+))?(-compiled)?")
+STEPS = ("eager", "compiled")  # how an RTN draft's lean one-token step runs
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # owner/name
 
 
@@ -23,25 +24,35 @@ def _parse_rtn(text: str, low: str) -> DraftSpec | None:
         return None
     match = _RTN.fullmatch(low)
     if not match:
-        raise fail(f"cannot read {text!r} (write rtnB or rtnB-gN, e.g. rtn4, rtn3-g64)")
+        raise fail(f"cannot read {text!r} (write rtnB, rtnB-gN, optionally ending in -compiled, e.g. rtn4, "
+                   "rtn3-g64, rtn4-compiled)")
     bits = int(match.group(1))
     if not RTN_BITS[0] <= bits <= RTN_BITS[1]:
         raise fail(f"bits must be {RTN_BITS[0]}..{RTN_BITS[1]}, got {bits}")
     group = int(match.group(2)) if match.group(2) else DEFAULT_GROUP_SIZE
     if not GROUP_SIZES[0] <= group <= GROUP_SIZES[1]:
         raise fail(f"group size must be {GROUP_SIZES[0]}..{GROUP_SIZES[1]}, got {group}")
-    return DraftSpec("rtn", bits=bits, group_size=group)
+    return DraftSpec("rtn", bits=bits, group_size=group, params=(("step", "compiled"),) if match.group(3) else ())
 
 
 def _build_rtn(target, spec: DraftSpec, options: dict):
     from hfspec.drafts.fast import make_rtn_draft
 
-    return make_rtn_draft(target, spec.bits, spec.group_size, **options)
+    compiled = spec.param("step") == "compiled"
+    return make_rtn_draft(target, spec.bits, spec.group_size, compiled=compiled, **options)
 
 
 def _rtn_spec(values: dict) -> str:
     group = int(values.get("group") or DEFAULT_GROUP_SIZE)
-    return f"rtn{int(values['bits'])}" + (f"-g{group}" if group != DEFAULT_GROUP_SIZE else "")
+    step = values.get("step") or STEPS[0]
+    if step not in STEPS:
+        raise fail(f"step must be one of {', '.join(STEPS)}, got {step!r}")
+    return (f"rtn{int(values['bits'])}" + (f"-g{group}" if group != DEFAULT_GROUP_SIZE else "")
+            + ("-compiled" if step == "compiled" else ""))
+
+
+def _rtn_label(spec: DraftSpec) -> str:
+    return f"rtn{spec.bits}-g{spec.group_size}" + ("-compiled" if spec.param("step") == "compiled" else "")
 
 
 def _parse_bnb(text: str, low: str) -> DraftSpec | None:
@@ -77,11 +88,13 @@ def _build_sibling(target, spec: DraftSpec, options: dict):
 
 
 RTN = register(DraftKind(
-    name="rtn", title="quantised copy (RTN)", allowed=f"rtn{RTN_BITS[0]}..rtn{RTN_BITS[1]}[-gN]",
-    parse=_parse_rtn, build=_build_rtn, label=lambda s: f"rtn{s.bits}-g{s.group_size}",
+    name="rtn", title="quantised copy (RTN)", allowed=f"rtn{RTN_BITS[0]}..rtn{RTN_BITS[1]}[-gN][-compiled]",
+    parse=_parse_rtn, build=_build_rtn, label=_rtn_label,
     fields=(Field("bits", "bits", 4, low=RTN_BITS[0], high=RTN_BITS[1]),
-            Field("group", "group size", DEFAULT_GROUP_SIZE, choices=(32, 64, 128, 256))),
-    spec_of=_rtn_spec, options=frozenset({"fused", "lean"}), examples=("rtn4", "rtn3", "rtn8", "rtn4-g64"),
+            Field("group", "group size", DEFAULT_GROUP_SIZE, choices=(32, 64, 128, 256)),
+            Field("step", "draft step", STEPS[0], choices=STEPS)),
+    spec_of=_rtn_spec, options=frozenset({"fused", "lean", "progress"}),
+    examples=("rtn4", "rtn3", "rtn8", "rtn4-g64", "rtn4-compiled"),
 ))
 BNB = register(DraftKind(
     name="bnb", title="quantised copy (bitsandbytes)", allowed=", ".join("bnb-" + k for k in BNB_KINDS),

@@ -29,7 +29,11 @@ from hfspec.quant import groupwise, packing
 from hfspec.quant.modules import FUSED_GROUP_SIZES
 
 CACHE_CHUNK = 256  # the KV cache grows by this many slots at a time
-DENSE_BELOW = 1 << 18  # elements: a smaller matrix runs faster as dense fp32 than through the int4 kernel + casts
+# elements: 5-8-bit matrices (and embedding tables) smaller than this stay fp32 (bf16 matmuls are slow on CPUs
+# without bf16 units); at 2-4 bits every matrix the int4 kernel takes uses it, however small: in a real decode
+# the draft's step alternates with the target's and finds its weights out of cache, so bytes read decide (micro's
+# rtn4 step reads 0.7 MB instead of 5.8 MB of fp32, 0.8 vs 1.3 ms interleaved with target steps, benchmarks/)
+DENSE_BELOW = 1 << 18
 _ACTS = {"silu": F.silu, "swish": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
          "gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh")}
 _PATH_INT4 = "int4 CPU kernel (aten._weight_int4pack_mm_for_cpu)"
@@ -49,7 +53,7 @@ class LeanLinear(nn.Module):
         self.out_features, self.in_features = w.shape
         self.bits = bits
         self.int4 = (bits is not None and bits <= 4 and w.device.type == "cpu" and group_size in FUSED_GROUP_SIZES
-                     and self.in_features % group_size == 0 and w.numel() >= DENSE_BELOW
+                     and self.in_features % group_size == 0
                      and packing.int4_cpu_kernel_ok())
         self.group_size = group_size
         with torch.no_grad():
@@ -275,10 +279,21 @@ class LeanDecoder(nn.Module):
                              for i, layer in enumerate(layers)]
         self._block_windows = [block.window for block in self.blocks]
         self._windows = sorted(set(self._block_windows), key=str)
+        self.rope_types = list(dict.fromkeys(self._layer_types))
         self._head_mm = self.head.matmul()
         self._steps = [block.step(self.act) for block in self.blocks]
         paths = sorted({lin.path for block in self.blocks for lin in block.linears()} | {self.head.path})
         self.hfspec_step_path = f"lean decode step ({'; '.join(paths)})"
+        self.compiled_step = None
+
+    def compile_step(self, progress=None) -> str:
+        """Compile the one-token step (`hfspec.drafts.compiled`); returns what runs: "compiled" or "eager (why)"."""
+        from hfspec.drafts.compiled import CompiledStep
+
+        step = CompiledStep(self, progress)
+        self.compiled_step = step if step.path == "compiled" else None
+        self.hfspec_step_path += f", one-token step {step.path}"
+        return step.path
 
     def _table(self, layer_type, upto: int) -> torch.Tensor:
         """Complex rotary factors [P, R/2] for positions < P (P ≥ upto), per layer type."""
@@ -324,6 +339,9 @@ class LeanDecoder(nn.Module):
         batch, steps = input_ids.shape
         start = cache.length
         end = start + steps
+        if (self.compiled_step is not None and steps == 1 and batch == 1 and attention_mask is None
+                and (position_ids is None or int(position_ids) == start)):
+            return self.compiled_step(input_ids, torch.tensor([[start]]), start, cache)
         cache.reserve(batch, end)
         if position_ids is None:
             position_ids = torch.arange(start, end)[None].expand(batch, -1)
@@ -343,6 +361,35 @@ class LeanDecoder(nn.Module):
         cache.length = end
         if logits_to_keep:
             h = h[:, -logits_to_keep:]
+        return self._logits_of(h)
+
+    def one_token(self, input_ids: torch.Tensor, rope: list[torch.Tensor], slot: torch.Tensor,
+                  keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
+        """Logits [B, 1, V] of one token per row written at cache slot `slot` ([1] long), attending over every
+        preallocated slot through a mask: the same shapes at every step, for `torch.compile`. Needs positions equal
+        to slots (no holes); `rope` holds the rotary factors [B, 1, 1, R/2] per entry of `rope_types`."""
+        h = F.embedding(input_ids, self.embed_table).float()
+        if self.embed_scale is not None:
+            h = h * self.embed_scale
+        index = torch.arange(keys[0].shape[2], device=slot.device)
+        masks = {}
+        for window in self._windows:
+            seen = index <= slot
+            if window is not None:
+                seen = seen & (index > slot - window)
+            masks[window] = seen[None, None, None, :]
+        factors = dict(zip(self.rope_types, rope, strict=True))
+        for step, layer_type, window, k, v in zip(self._steps, self._layer_types, self._block_windows, keys, values,
+                                                  strict=True):
+            h = step(h, factors[layer_type], k, v, slot, None, masks[window])
+        return self._logits_of(h)
+
+    def rope_for(self, position_ids: torch.Tensor) -> list[torch.Tensor]:
+        """`one_token`'s rotary factors for positions [B, 1]."""
+        top = int(position_ids.max()) + 1
+        return [self._table(t, top)[position_ids][:, :, None] for t in self.rope_types]
+
+    def _logits_of(self, h: torch.Tensor) -> torch.Tensor:
         h = torch.rms_norm(h, (self.hidden,), self.final_norm, self.eps)
         logits = self._head_mm(h.reshape(-1, self.hidden)).view(*h.shape[:-1], -1)
         if self.softcap:
@@ -481,9 +528,15 @@ class _Block(nn.Module):
                 part = torch.view_as_complex(qk[..., :rot].reshape(batch, steps, nqk, rot // 2, 2)) * freqs
                 qk = torch.cat([torch.view_as_real(part).view(batch, steps, nqk, rot), qk[..., rot:]], dim=-1)
             qk = qk.transpose(1, 2)
-            keys[:, :, start:end] = qk[:, nq:]
-            values[:, :, start:end] = v.transpose(1, 2)
-            o = sdpa(qk[:, :nq], keys[:, :, :end], values[:, :, :end], attn_mask=mask, scale=scaling, enable_gqa=gqa)
+            if end is None:  # static shapes (the compiled one-token step): slot `start` is a tensor, attend masked
+                keys.index_copy_(2, start, qk[:, nq:])
+                values.index_copy_(2, start, v.transpose(1, 2))
+                seen_k, seen_v = keys, values
+            else:
+                keys[:, :, start:end] = qk[:, nq:]
+                values[:, :, start:end] = v.transpose(1, 2)
+                seen_k, seen_v = keys[:, :, :end], values[:, :, :end]
+            o = sdpa(qk[:, :nq], seen_k, seen_v, attn_mask=mask, scale=scaling, enable_gqa=gqa)
             o = o_proj(o.transpose(1, 2).reshape(-1, nq * d)).view(batch, steps, hidden)
             if attn_out_norm is not None:
                 o = rms(o, (hidden,), attn_out_norm, eps)

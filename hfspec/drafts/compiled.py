@@ -1,0 +1,132 @@
+"""An optional compiled one-token step for lean drafts (`rtn4-compiled`): `torch.compile` (inductor) of
+`LeanDecoder.one_token`, the lean step written with the same shapes at every step (the whole preallocated
+cache, masked), for batch 1 without holes. Prompts, catch-up feeds and batches keep the eager lean step; both
+write the same cache.
+
+Compiling takes seconds to minutes on a CPU, so it happens once when the draft is built, reported through
+`progress`, and inductor's artefacts are kept on disk (`COMPILE_DIR`, unless TORCHINDUCTOR_CACHE_DIR is set):
+a second process reuses them. A broken artefact (a compile killed midway can leave a truncated library) is
+survived: the compile is retried with inductor's caches off, our own cache folder is cleared, and when even
+that fails the draft keeps the eager lean step with a warning saying why.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+COMPILE_DIR = Path(os.environ.get("HFSPEC_COMPILE_DIR", Path.home() / ".cache" / "hfspec" / "inductor"))
+PROGRESS_EVERY = 5.0  # seconds between "still compiling" messages
+
+
+class CompiledStep:
+    """`decoder.one_token` compiled; call it as `step(input_ids [1, 1], position_ids [1, 1], slot, cache)`.
+
+    `path` says what runs: "compiled" or "eager (why)" after a failed compile."""
+
+    def __init__(self, decoder, progress: Callable[[str], None] | None = None):
+        self.decoder = decoder
+        self.fn = None
+        self.seconds = 0.0
+        self.path = "eager (not compiled yet)"
+        self._compile(progress or (lambda message: None))
+
+    def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, slot: int, cache) -> torch.Tensor:
+        cache.reserve(1, slot + 1)
+        ids = torch.empty(1, 1, dtype=torch.long).copy_(input_ids)  # fixed strides: a slice of the slots would recompile
+        logits = self.fn(ids, self.decoder.rope_for(position_ids), torch.tensor([slot]), cache.keys, cache.values)
+        cache.length = slot + 1
+        return logits
+
+    def _compile(self, say: Callable[[str], None]) -> None:
+        owned = _inductor_dir_unchosen()
+        if owned:
+            COMPILE_DIR.mkdir(parents=True, exist_ok=True)
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(COMPILE_DIR)
+        where = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+        began = time.perf_counter()
+        errors = []
+        for attempt in ("cached", "fresh"):
+            say(f"compiling the draft step ({attempt}; the first time takes a while, then it is cached in {where})…")
+            try:
+                with _ticker(say, began):
+                    self._compile_once(fresh=attempt == "fresh")
+                break
+            except Exception as error:  # noqa: BLE001 - any compiler failure falls back, saying why
+                errors.append(_first_line(error))
+                torch._dynamo.reset()
+                if owned and attempt == "cached":
+                    shutil.rmtree(where, ignore_errors=True)  # a truncated artefact must not break the next run
+                    Path(where).mkdir(parents=True, exist_ok=True)
+        self.seconds = time.perf_counter() - began
+        if self.fn is None:
+            self.path = f"eager (compile failed: {errors[-1]})"
+            warnings.warn(f"draft step: torch.compile failed twice ({'; '.join(errors)}); using the eager lean step",
+                          RuntimeWarning, stacklevel=3)
+            say(f"draft step: compile failed, using the eager lean step ({errors[-1]})")
+            return
+        self.path = "compiled"
+        say(f"compiled the draft step in {self.seconds:.1f} s")
+
+    def _compile_once(self, fresh: bool) -> None:
+        """Compile on a scratch cache and check the result against the eager one-token step."""
+        from torch._inductor import config
+
+        decoder = self.decoder
+        cache = decoder.hfspec_new_cache()
+        cache.reserve(1, 2)
+        for tensor in cache.keys + cache.values:
+            torch._dynamo.mark_dynamic(tensor, 2)  # one graph for every cache capacity
+        ids = positions = torch.zeros(1, 1, dtype=torch.long)
+        slot = torch.zeros(1, dtype=torch.long)
+        rope = decoder.rope_for(positions)
+        fn = torch.compile(decoder.one_token, fullgraph=True, dynamic=False)
+        with torch.no_grad(), config.patch(force_disable_caches=fresh):
+            got = fn(ids, rope, slot, cache.keys, cache.values)
+            want = decoder.one_token(ids, rope, slot, cache.keys, cache.values)
+        if not torch.allclose(got, want, atol=1e-3, rtol=1e-3):
+            raise RuntimeError(f"compiled step differs from the eager step by {float((got - want).abs().max()):.3g}")
+        self.fn = fn
+
+
+class _ticker:
+    """Calls `say("still compiling… N s")` every PROGRESS_EVERY seconds while the block runs."""
+
+    def __init__(self, say: Callable[[str], None], began: float):
+        self.say, self.began, self.done = say, began, threading.Event()
+
+    def __enter__(self):
+        def tick():
+            while not self.done.wait(PROGRESS_EVERY):
+                try:
+                    self.say(f"still compiling the draft step… {time.perf_counter() - self.began:.0f} s")
+                except Exception:  # noqa: BLE001 - a stop request cannot interrupt a compile; stop ticking
+                    return
+        self.thread = threading.Thread(target=tick, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join()
+        return False
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0][:200]}" if text else type(error).__name__
+
+
+def _inductor_dir_unchosen() -> bool:
+    """True unless the user chose inductor's cache folder (torch writes its /tmp default into the environment)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    return chosen is None or os.path.abspath(chosen) == os.path.abspath(default_cache_dir())
