@@ -169,7 +169,9 @@ def cmd_run(args) -> int:
     print(result.prompt_text + report.coloured_text(result.pieces, colour))
     print()
     print(report.legend(colour))
-    print("\n".join(report.stats_lines(result.stats, base)))
+    b = result.baseline
+    print("\n".join(report.stats_lines(result.stats, base, b.new_tokens if b else None,
+                                       b.speculative_tokens_per_second if b else None, b.pairs if b else 1)))
     return 0
 
 

@@ -29,7 +29,8 @@ STOP_WORDS = {"eos": "EOS", "max_tokens": "max new tokens", "stop_criteria": "st
               "user": "stopped by the user", "mixed": "rows ended differently"}
 
 
-def stats_lines(stats: SpecStats, baseline_tps: float | None = None, baseline_tokens: int | None = None) -> list[str]:
+def stats_lines(stats: SpecStats, baseline_tps: float | None = None, baseline_tokens: int | None = None,
+                speculative_tps: float | None = None, pairs: int = 1) -> list[str]:
     """The numbers of one run, one per line. The estimate uses the measured c_time; the bytes-based figure is
     the weight-bound ideal."""
     s = stats
@@ -52,9 +53,12 @@ def stats_lines(stats: SpecStats, baseline_tps: float | None = None, baseline_to
         f"tokens per second        {s.tokens_per_second:.1f}",
     ]
     if baseline_tps:
+        # speculative_tps: the same decoding re-timed beside the plain runs (else this run's own rate)
+        fast = speculative_tps or s.tokens_per_second
         length = f"{baseline_tokens} tokens, " if baseline_tokens else ""
-        lines.append(f"measured speed-up        {s.tokens_per_second / baseline_tps:.2f}× "
-                     f"(plain decoding: {length}{baseline_tps:.1f} tok/s)")
+        median = f"median of {pairs} alternating pairs, " if pairs > 1 else ""
+        lines.append(f"measured speed-up        {fast / baseline_tps:.2f}× ({median}{length}speculative "
+                     f"{fast:.1f} tok/s, plain decoding {baseline_tps:.1f} tok/s)")
     return lines
 
 

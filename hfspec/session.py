@@ -20,6 +20,7 @@ at its own rate).
 from __future__ import annotations
 
 import json
+import statistics
 import threading
 import time
 from collections import deque
@@ -35,6 +36,8 @@ from hfspec.sweep import sweep as run_sweep
 from hfspec.validate import GAMMA_MAX, check_gamma
 
 ROLLING_WINDOW = 16  # target passes in the rolling acceptance rate
+MEASURE_PAIRS = 3  # (speculative, plain) pairs timed after a run for its measured speed-up, medians compared
+MEASURE_BUDGET_S = 10.0  # ... but no new pair starts once measuring has taken this long (one pair at least)
 STOP_REASONS = {"eos": "EOS", "max_tokens": "max tokens", "stop_criteria": "stop string", "user": "user (Stop)",
                 "mixed": "mixed"}
 
@@ -278,6 +281,7 @@ class Baseline:
     new_tokens: int
     time_total: float
     speculative_time: float | None = None
+    pairs: int = 1  # (speculative, plain) pairs timed, alternating; the times are their medians
 
     @property
     def speculative_tokens_per_second(self) -> float | None:
@@ -523,15 +527,31 @@ class Session:
         result = RunResult(settings=replace(settings), stats=out.stats, prompt_text=prompt_text, pieces=pieces,
                            series=series)
         if settings.measure_baseline and not out.stats.stopped and out.stats.new_tokens:
-            n = out.stats.new_tokens
-            if progress:
-                progress(f"measuring: speculative decoding of {n} tokens without the live display…")
-            fixed = dict(settings.generate_kwargs(), max_new_tokens=n, min_new_tokens=n)
-            quiet = hfspec.generate(target, ids, draft=draft, should_stop=should_stop, **fixed).stats
-            result.baseline = self.baseline(settings, n, should_stop, progress)
-            if result.baseline is not None and not quiet.stopped:
-                result.baseline.speculative_time = quiet.time_total
+            result.baseline = self._measure(settings, target, draft, ids, out.stats.new_tokens, should_stop, progress)
         return result
+
+    def _measure(self, settings: RunSettings, target, draft, ids, n: int, should_stop, progress) -> Baseline | None:
+        """Speculative decoding without the live display and plain decoding of the same n tokens, alternating,
+        up to MEASURE_PAIRS pairs within MEASURE_BUDGET_S; the median times (a single pair on a busy machine
+        can be off by tens of percent)."""
+        import hfspec
+
+        fixed = dict(settings.generate_kwargs(), max_new_tokens=n, min_new_tokens=n)
+        spec_times, plain_times = [], []
+        began = time.perf_counter()
+        while len(spec_times) < MEASURE_PAIRS and (not spec_times or time.perf_counter() - began < MEASURE_BUDGET_S):
+            if progress:
+                progress(f"measuring speed-up: pair {len(spec_times) + 1} of up to {MEASURE_PAIRS} "
+                         f"(speculative and plain decoding of {n} tokens, no live display)…")
+            quiet = hfspec.generate(target, ids, draft=draft, should_stop=should_stop, **fixed).stats
+            plain = self.baseline(settings, n, should_stop)
+            if quiet.stopped or plain is None:
+                break
+            spec_times.append(quiet.time_total)
+            plain_times.append(plain.time_total)
+        if not spec_times:
+            return None
+        return Baseline(n, statistics.median(plain_times), statistics.median(spec_times), len(spec_times))
 
     def baseline(self, settings: RunSettings, new_tokens: int | None = None, should_stop: StopCheck | None = None,
                  progress: Progress | None = None) -> Baseline | None:
