@@ -95,17 +95,25 @@ def warp(
 
 
 SAMPLE_BLOCK = 1024  # tokens per block of `sample`'s two-level search
+SINGLE_LEVEL_UP_TO = 1 << 15  # vocabularies up to this size take one float64 CDF (fewer ops: 17 vs 98 µs at 2k)
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None = None, block: int = SAMPLE_BLOCK) -> torch.Tensor:
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None, block: int = SAMPLE_BLOCK,
+           single_up_to: int = SINGLE_LEVEL_UP_TO) -> torch.Tensor:
     """One token per row of a [B, V] distribution (unnormalised is fine), by inverting the CDF in float64.
 
-    Two levels, so no [B, V] float64 copy is made (at V = 262k that copy and its cumsum cost ~10× the rest):
-    float64 sums of blocks of `block` tokens locate u's block, a float64 cumsum inside that block its token.
-    Exact like `torch.multinomial` (to float64 rounding), and much faster on large vocabularies. A token with
-    zero mass is never drawn: u lies in [cdf[i-1], cdf[i]) only when cdf[i] > cdf[i-1].
+    Above `single_up_to` tokens in two levels, so no [B, V] float64 copy is made (at V = 262k that copy and its
+    cumsum cost ~10× the rest): float64 sums of blocks of `block` tokens locate u's block, a float64 cumsum
+    inside that block its token. Exact like `torch.multinomial` (to float64 rounding), and much faster on large
+    vocabularies. A token with zero mass is never drawn: u lies in [cdf[i-1], cdf[i]) only when cdf[i] > cdf[i-1].
     """
     batch, vocab = probs.shape
+    if vocab <= single_up_to:
+        cdf = probs.double().cumsum(-1)
+        total = cdf[:, -1:]
+        u = torch.rand(batch, 1, generator=generator, device=probs.device, dtype=torch.float64) * total
+        u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))  # rand · total may round up to total
+        return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_max(vocab - 1)
     block = max(1, min(block, vocab))
     full = vocab // block * block
     sums = probs[:, :full].reshape(batch, -1, block).sum(-1, dtype=torch.float64)  # [B, blocks]

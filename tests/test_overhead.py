@@ -31,16 +31,24 @@ class Outputs(TorchDispatchMode):
 
 def test_two_level_sample_draws_the_same_tokens_as_one_cdf():
     probs = torch.tensor([[0.0, 0.1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.2, 0.3, 0.0, 0.4]]).expand(20000, 11)
-    ragged = sample(probs, torch.Generator().manual_seed(4), block=4)  # blocks of 4 and a tail of 3
-    whole = sample(probs, torch.Generator().manual_seed(4), block=11)  # one block: the plain inverse CDF
-    assert torch.equal(ragged, whole)
+    ragged = sample(probs, torch.Generator().manual_seed(4), block=4, single_up_to=0)  # blocks of 4, a tail of 3
+    whole = sample(probs, torch.Generator().manual_seed(4), block=11, single_up_to=0)  # one block
+    single = sample(probs, torch.Generator().manual_seed(4))  # a small vocabulary: one float64 CDF
+    assert torch.equal(ragged, whole) and torch.equal(ragged, single)
     counts = torch.bincount(ragged, minlength=11)
     assert counts[[0, 2, 3, 4, 5, 6, 9]].sum() == 0  # zero mass, including a block with none at all
     expected = (probs[0, [1, 7, 8, 10]] * 20000).numpy()
     assert chisquare(counts[[1, 7, 8, 10]].numpy(), expected).pvalue > 1e-3
     swapped = probs[:, [0, 7, 2, 3, 4, 5, 6, 1, 8, 9, 10]]  # tokens 1 and 7 trade mass: a wrong law must fail
-    wrong = torch.bincount(sample(swapped, torch.Generator().manual_seed(4), block=4), minlength=11)
+    wrong = torch.bincount(sample(swapped, torch.Generator().manual_seed(4), block=4, single_up_to=0), minlength=11)
     assert chisquare(wrong[[1, 7, 8, 10]].numpy(), expected).pvalue < 1e-6
+
+
+def test_one_and_two_level_sample_agree_on_a_real_sized_vocabulary():
+    probs = torch.rand(4000, 2048, generator=torch.Generator().manual_seed(1)).pow(8).softmax(-1)
+    one = sample(probs, torch.Generator().manual_seed(5))
+    two = sample(probs, torch.Generator().manual_seed(5), single_up_to=0)
+    assert (one != two).sum() <= 1  # only a u within float64 rounding of a CDF step may land apart
 
 
 def test_sample_makes_no_vocabulary_wide_float64_copy():

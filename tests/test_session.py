@@ -174,10 +174,20 @@ def test_baseline_has_the_runs_length_and_is_measured_for_every_run(session, mic
     assert first.stats.checked == 1 and sum(first.stats.checked_by_position) == 1
     second = session.run(replace(eos, ignore_eos=True))
     assert second.stats.new_tokens == second.baseline.new_tokens == 8
-    assert lengths == [1, 8]  # one plain run per run, measured then, of exactly the run's length
+    pairs = session_module.MEASURE_PAIRS
+    assert first.baseline.pairs == second.baseline.pairs == pairs  # a micro run fits the budget
+    assert lengths == [1] * pairs + [8] * pairs  # plain runs per run, measured then, of exactly the run's length
     again = session.run(replace(eos, ignore_eos=True))
-    assert again.baseline is not second.baseline and lengths == [1, 8, 8]
+    assert again.baseline is not second.baseline and lengths == [1] * pairs + [8] * 2 * pairs
     assert again.summary()["baseline_new_tokens"] == 8 and again.measured_speedup > 0
+
+
+def test_measuring_stops_adding_pairs_at_its_time_budget(session, micro, monkeypatch):
+    monkeypatch.setattr(session_module, "MEASURE_BUDGET_S", 0.0)
+    result = session.run(replace(micro, max_new_tokens=8, measure_baseline=True))
+    assert result.baseline is not None and result.baseline.pairs == 1  # one pair at least, then the budget
+    monkeypatch.setattr(session_module, "MEASURE_BUDGET_S", 60.0)
+    assert session.run(replace(micro, max_new_tokens=8, measure_baseline=True)).baseline.pairs == 3
 
 
 def test_stop_ends_the_run_within_a_round(session, micro):

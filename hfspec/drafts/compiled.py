@@ -6,8 +6,8 @@ write the same cache.
 Compiling takes seconds to minutes on a CPU, so it happens once when the draft is built, reported through
 `progress`, and inductor's artefacts are kept on disk (`COMPILE_DIR`, unless TORCHINDUCTOR_CACHE_DIR is set):
 a second process reuses them. A broken artefact (a compile killed midway can leave a truncated library) is
-survived: the compile is retried with inductor's caches off, our own cache folder is cleared, and when even
-that fails the draft keeps the eager lean step with a warning saying why.
+survived: our folder is emptied and the compile redone (in a folder the user chose, with inductor's caches
+off instead), and when even that fails the draft keeps the eager lean step with a warning saying why.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import os
 import shutil
 import threading
 import time
+import types
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +28,7 @@ PROGRESS_EVERY = 5.0  # seconds between "still compiling" messages
 
 
 class CompiledStep:
-    """`decoder.one_token` compiled; call it as `step(input_ids [1, 1], position_ids [1, 1], slot, cache)`.
+    """`decoder.one_token` compiled; call it as `step(input_ids [1, 1], slot, cache)`.
 
     `path` says what runs: "compiled" or "eager (why)" after a failed compile."""
 
@@ -38,10 +39,13 @@ class CompiledStep:
         self.path = "eager (not compiled yet)"
         self._compile(progress or (lambda message: None))
 
-    def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, slot: int, cache) -> torch.Tensor:
+    def __call__(self, input_ids: torch.Tensor, slot: int, cache) -> torch.Tensor:
+        """Logits [1, 1, V] of input_ids [1, 1] at cache slot `slot`, which is also its position."""
         cache.reserve(1, slot + 1)
+        if slot >= self.tables[0].shape[0]:
+            self.tables = self.decoder.rotary_tables(2 * slot)
         ids = torch.empty(1, 1, dtype=torch.long).copy_(input_ids)  # fixed strides: a slice of the slots would recompile
-        logits = self.fn(ids, self.decoder.rope_for(position_ids), torch.tensor([slot]), cache.keys, cache.values)
+        logits = self.fn(ids, torch.tensor([slot]), self.tables, cache.keys, cache.values)
         cache.length = slot + 1
         return logits
 
@@ -53,18 +57,22 @@ class CompiledStep:
         where = os.environ["TORCHINDUCTOR_CACHE_DIR"]
         began = time.perf_counter()
         errors = []
-        for attempt in ("cached", "fresh"):
-            say(f"compiling the draft step ({attempt}; the first time takes a while, then it is cached in {where})…")
+        say(f"compiling the draft step (the first time takes a while; kept in {where} for the next run)…")
+        for retry in (False, True):
             try:
                 with _ticker(say, began):
-                    self._compile_once(fresh=attempt == "fresh")
+                    # a retry in our own (now emptied) folder may cache again; in the user's, it bypasses it
+                    self._compile_once(no_cache=retry and not owned)
                 break
             except Exception as error:  # noqa: BLE001 - any compiler failure falls back, saying why
                 errors.append(_first_line(error))
                 torch._dynamo.reset()
-                if owned and attempt == "cached":
+                if retry:
+                    break
+                if owned:
                     shutil.rmtree(where, ignore_errors=True)  # a truncated artefact must not break the next run
                     Path(where).mkdir(parents=True, exist_ok=True)
+                say(f"compiling the draft step failed ({errors[-1]}); compiling afresh, without cached artefacts…")
         self.seconds = time.perf_counter() - began
         if self.fn is None:
             self.path = f"eager (compile failed: {errors[-1]})"
@@ -75,7 +83,7 @@ class CompiledStep:
         self.path = "compiled"
         say(f"compiled the draft step in {self.seconds:.1f} s")
 
-    def _compile_once(self, fresh: bool) -> None:
+    def _compile_once(self, no_cache: bool) -> None:
         """Compile on a scratch cache and check the result against the eager one-token step."""
         from torch._inductor import config
 
@@ -84,13 +92,22 @@ class CompiledStep:
         cache.reserve(1, 2)
         for tensor in cache.keys + cache.values:
             torch._dynamo.mark_dynamic(tensor, 2)  # one graph for every cache capacity
-        ids = positions = torch.zeros(1, 1, dtype=torch.long)
+        ids = torch.zeros(1, 1, dtype=torch.long)
         slot = torch.zeros(1, dtype=torch.long)
-        rope = decoder.rope_for(positions)
-        fn = torch.compile(decoder.one_token, fullgraph=True, dynamic=False)
-        with torch.no_grad(), config.patch(force_disable_caches=fresh):
-            got = fn(ids, rope, slot, cache.keys, cache.values)
-            want = decoder.one_token(ids, rope, slot, cache.keys, cache.values)
+        self.tables = decoder.rotary_tables(1)  # grown (doubled) by __call__ when a slot passes its end
+        for table in self.tables:
+            torch._dynamo.mark_dynamic(table, 0)
+        # Dynamo's guards (one per closed-over weight) cost ~0.2 ms a call; every call here passes tensors of the
+        # same dtypes and ranks (the cache length is dynamic), so guards are dropped. Without guards, drafts must
+        # not share dynamo's cache, which lives on the code object: each decoder compiles its own copy of it.
+        method = type(decoder).one_token
+        own = types.FunctionType(method.__code__.replace(), method.__globals__, method.__name__,
+                                 method.__defaults__, method.__closure__)
+        fn = torch.compile(types.MethodType(own, decoder), fullgraph=True, dynamic=False,
+                           options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe})
+        with torch.no_grad(), config.patch(force_disable_caches=no_cache):
+            got = fn(ids, slot, self.tables, cache.keys, cache.values)
+            want = decoder.one_token(ids, slot, self.tables, cache.keys, cache.values)
         if not torch.allclose(got, want, atol=1e-3, rtol=1e-3):
             raise RuntimeError(f"compiled step differs from the eager step by {float((got - want).abs().max()):.3g}")
         self.fn = fn

@@ -29,6 +29,7 @@ from hfspec.quant import groupwise, packing
 from hfspec.quant.modules import FUSED_GROUP_SIZES
 
 CACHE_CHUNK = 256  # the KV cache grows by this many slots at a time
+COMPILED_FEED_MAX = 4  # a compiled draft runs feeds of up to this many tokens as one-token steps (a round's catch-up)
 # elements: 5-8-bit matrices (and embedding tables) smaller than this stay fp32 (bf16 matmuls are slow on CPUs
 # without bf16 units); at 2-4 bits every matrix the int4 kernel takes uses it, however small: in a real decode
 # the draft's step alternates with the target's and finds its weights out of cache, so bytes read decide (micro's
@@ -339,9 +340,11 @@ class LeanDecoder(nn.Module):
         batch, steps = input_ids.shape
         start = cache.length
         end = start + steps
-        if (self.compiled_step is not None and steps == 1 and batch == 1 and attention_mask is None
-                and (position_ids is None or int(position_ids) == start)):
-            return self.compiled_step(input_ids, torch.tensor([[start]]), start, cache)
+        if (self.compiled_step is not None and steps <= COMPILED_FEED_MAX and batch == 1 and attention_mask is None
+                and (position_ids is None or position_ids.view(-1).tolist() == list(range(start, end)))):
+            keep = steps if logits_to_keep == 0 else min(logits_to_keep, steps)
+            kept = [self.compiled_step(input_ids[:, i:i + 1], start + i, cache) for i in range(steps)][steps - keep:]
+            return kept[0] if keep == 1 else torch.cat(kept, dim=1)
         cache.reserve(batch, end)
         if position_ids is None:
             position_ids = torch.arange(start, end)[None].expand(batch, -1)
@@ -363,11 +366,11 @@ class LeanDecoder(nn.Module):
             h = h[:, -logits_to_keep:]
         return self._logits_of(h)
 
-    def one_token(self, input_ids: torch.Tensor, rope: list[torch.Tensor], slot: torch.Tensor,
+    def one_token(self, input_ids: torch.Tensor, slot: torch.Tensor, tables: list[torch.Tensor],
                   keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
-        """Logits [B, 1, V] of one token per row written at cache slot `slot` ([1] long), attending over every
-        preallocated slot through a mask: the same shapes at every step, for `torch.compile`. Needs positions equal
-        to slots (no holes); `rope` holds the rotary factors [B, 1, 1, R/2] per entry of `rope_types`."""
+        """Logits [1, 1, V] of one token written at cache slot `slot` ([1] long, its position too: no holes),
+        attending over every preallocated slot through a mask: the same shapes at every step, for
+        `torch.compile`. `tables`: `rotary_tables(n)`, the complex rotary factors per entry of `rope_types`."""
         h = F.embedding(input_ids, self.embed_table).float()
         if self.embed_scale is not None:
             h = h * self.embed_scale
@@ -378,16 +381,15 @@ class LeanDecoder(nn.Module):
             if window is not None:
                 seen = seen & (index > slot - window)
             masks[window] = seen[None, None, None, :]
-        factors = dict(zip(self.rope_types, rope, strict=True))
+        factors = {kind: table[slot][None, :, None] for kind, table in zip(self.rope_types, tables, strict=True)}
         for step, layer_type, window, k, v in zip(self._steps, self._layer_types, self._block_windows, keys, values,
                                                   strict=True):
             h = step(h, factors[layer_type], k, v, slot, None, masks[window])
         return self._logits_of(h)
 
-    def rope_for(self, position_ids: torch.Tensor) -> list[torch.Tensor]:
-        """`one_token`'s rotary factors for positions [B, 1]."""
-        top = int(position_ids.max()) + 1
-        return [self._table(t, top)[position_ids][:, :, None] for t in self.rope_types]
+    def rotary_tables(self, positions: int) -> list[torch.Tensor]:
+        """Complex rotary factors [≥ positions, R/2] per entry of `rope_types`."""
+        return [self._table(kind, positions) for kind in self.rope_types]
 
     def _logits_of(self, h: torch.Tensor) -> torch.Tensor:
         h = torch.rms_norm(h, (self.hidden,), self.final_norm, self.eps)
@@ -531,12 +533,12 @@ class _Block(nn.Module):
             if end is None:  # static shapes (the compiled one-token step): slot `start` is a tensor, attend masked
                 keys.index_copy_(2, start, qk[:, nq:])
                 values.index_copy_(2, start, v.transpose(1, 2))
-                seen_k, seen_v = keys, values
+                o = _attend_one(qk[:, :nq], keys, values, mask, scaling)
             else:
                 keys[:, :, start:end] = qk[:, nq:]
                 values[:, :, start:end] = v.transpose(1, 2)
-                seen_k, seen_v = keys[:, :, :end], values[:, :, :end]
-            o = sdpa(qk[:, :nq], seen_k, seen_v, attn_mask=mask, scale=scaling, enable_gqa=gqa)
+                o = sdpa(qk[:, :nq], keys[:, :, :end], values[:, :, :end], attn_mask=mask, scale=scaling,
+                         enable_gqa=gqa)
             o = o_proj(o.transpose(1, 2).reshape(-1, nq * d)).view(batch, steps, hidden)
             if attn_out_norm is not None:
                 o = rms(o, (hidden,), attn_out_norm, eps)
@@ -549,3 +551,14 @@ class _Block(nn.Module):
             return h + m
 
         return forward
+
+
+def _attend_one(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float):
+    """Attention of one query per head q [B, H, 1, D] over cache slots [B, H_kv, S, D] where `mask` [.., S] holds,
+    as plain reductions (which a compiler fuses; SDPA is an opaque call): query heads grouped by their KV head."""
+    batch, heads, _, dim = q.shape
+    kv_heads = keys.shape[1]
+    q = q.reshape(batch, kv_heads, heads // kv_heads, dim)
+    scores = torch.einsum("bhgd,bhsd->bhgs", q, keys) * scale
+    weights = torch.softmax(scores.masked_fill(~mask.view(1, 1, 1, -1), -float("inf")), dim=-1)
+    return torch.einsum("bhgs,bhsd->bhgd", weights, values).reshape(batch, heads, 1, dim)

@@ -1,0 +1,144 @@
+"""The compiled one-token draft step (`rtn4-compiled`): it computes the eager lean step, decodes exactly, keeps
+each draft's own weights, survives a broken on-disk artefact, and falls back (saying why) when compiling fails.
+
+Compiling costs seconds per model, so the models here are few and tiny, and one inductor cache folder is shared
+by the module (later compiles of the same graph shape hit it)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_models import build, build_family, sharpen
+
+import hfspec
+from hfspec.drafts import compiled, describe, make_draft, registry
+from hfspec.drafts.lean import CACHE_CHUNK, LeanDecoder
+from hfspec.errors import HfspecError
+
+MICRO = Path(__file__).resolve().parents[1] / "presets" / "models" / "micro"
+
+
+@pytest.fixture(scope="module")
+def compile_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("inductor")
+
+
+@pytest.fixture
+def own_cache(compile_dir, monkeypatch):
+    """Inductor's artefacts go to a folder of this module (never the user's ~/.cache)."""
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setattr(compiled, "COMPILE_DIR", compile_dir)
+    return compile_dir
+
+
+def _steps(draft: LeanDecoder, ids: torch.Tensor, prompt: int) -> torch.Tensor:
+    """Logits of each token after `prompt`, fed one at a time (the compiled path when the draft has one)."""
+    cache = draft.hfspec_new_cache()
+    draft.logits(ids[:, :prompt], None, None, cache, 1)
+    return torch.cat([draft.logits(ids[:, i:i + 1], None, None, cache, 1) for i in range(prompt, ids.shape[1])], 1)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_compiled_step_computes_the_eager_lean_step(family, own_cache):
+    target = sharpen(build_family(family, init=0.1), 6.0)
+    fast = make_draft(target, "rtn4-compiled")
+    eager = make_draft(target, "rtn4")
+    assert fast.compiled_step is not None and describe(fast)["step"].endswith("one-token step compiled")
+    assert eager.compiled_step is None
+    # past the first cache chunk (the cache length is a dynamic dimension of the one graph) and, for gemma3,
+    # past the sliding window of 8
+    ids = torch.randint(3, 96, (1, CACHE_CHUNK + 12), generator=torch.Generator().manual_seed(0))
+    got, want = _steps(fast, ids, CACHE_CHUNK - 4), _steps(eager, ids, CACHE_CHUNK - 4)
+    # the int4 kernel returns bf16 (8 significant bits): a different summation order may flip its last bit
+    assert (got - want).abs().max() <= 2 ** -6 * max(1.0, float(want.abs().max()))
+    assert float(torch.minimum(got.softmax(-1), want.softmax(-1)).sum(-1).min()) >= 0.99
+    # negative control: a different model's compiled step is far from this one
+    other = make_draft(sharpen(build_family(family, init=0.1, seed=5), 6.0), "rtn4-compiled")
+    assert (_steps(other, ids, CACHE_CHUNK - 4) - want).abs().max() > 0.1
+    # and compiling `other` did not change what `fast` runs (each draft has its own compiled code)
+    assert torch.equal(_steps(fast, ids, CACHE_CHUNK - 4), got)
+
+
+def test_compiled_draft_decodes_the_targets_greedy_text(own_cache):
+    from hfspec.loading import load_model
+
+    target = load_model(str(MICRO), dtype="float32", progress=False)
+    draft = make_draft(target, "rtn4-compiled")
+    ids = torch.tensor([[0, 5, 9, 40]])
+    kw = dict(temperature=0.0, max_new_tokens=40, min_new_tokens=40)
+    spec = hfspec.generate(target, ids, draft, gamma=4, **kw)
+    plain = hfspec.plain_generate(target, ids, **kw)
+    assert torch.equal(spec.sequences, plain.sequences)
+    assert spec.stats.alpha > 0.5  # the compiled draft is a close proposal, not just an exact one
+
+
+def test_a_failed_compile_keeps_the_eager_step_and_says_why(own_cache, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no C++ compiler")
+
+    monkeypatch.setattr(torch, "compile", broken)
+    target = build("llama")
+    messages = []
+    with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler"):
+        draft = make_draft(target, "rtn4-compiled", progress=messages.append)
+    assert draft.compiled_step is None
+    assert "one-token step eager (compile failed: RuntimeError: no C++ compiler)" in describe(draft)["step"]
+    assert any("compile failed" in m for m in messages)
+    ids = torch.tensor([[0, 5, 9]])
+    kw = dict(temperature=0.0, max_new_tokens=12, min_new_tokens=12)
+    assert torch.equal(hfspec.generate(target, ids, draft, **kw).sequences,
+                       hfspec.plain_generate(target, ids, **kw).sequences)
+
+
+_BUILD = textwrap.dedent("""
+    import torch, hfspec
+    from hfspec.loading import load_model
+    target = load_model(%r, dtype="float32", progress=False)
+    draft = hfspec.make_draft(target, "rtn4-compiled", progress=print)
+    ids = torch.tensor([[0, 5, 9, 40]])
+    kw = dict(temperature=0.0, max_new_tokens=24, min_new_tokens=24)
+    same = torch.equal(hfspec.generate(target, ids, draft, **kw).sequences,
+                       hfspec.plain_generate(target, ids, **kw).sequences)
+    print("PATH", hfspec.drafts.describe(draft)["step"].rsplit("one-token step ", 1)[1], "SAME", same)
+""") % str(MICRO)
+
+
+def test_a_truncated_artefact_on_disk_does_not_break_the_next_run(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    env["HFSPEC_COMPILE_DIR"] = str(tmp_path)
+
+    def run() -> str:
+        out = subprocess.run([sys.executable, "-c", _BUILD], env=env, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stdout
+
+    first = run()
+    assert "PATH compiled SAME True" in first
+    libraries = list(tmp_path.rglob("*.so"))
+    assert libraries, "inductor kept no compiled library on disk"
+    for library in libraries:  # what a compile killed midway can leave behind
+        library.write_bytes(library.read_bytes()[: library.stat().st_size // 3])
+    second = run()
+    assert "compiling afresh" in second and "PATH compiled SAME True" in second
+    third = run()  # the fresh artefacts were kept
+    assert "compiling afresh" not in third and "PATH compiled SAME True" in third
+
+
+def test_compiled_spec_reads_labels_and_refuses_what_cannot_compile():
+    parsed = registry.parse("rtn4-compiled")
+    assert parsed.label == "rtn4-g32-compiled" and parsed.param("step") == "compiled"
+    assert registry.fields_of("rtn3-g64-compiled")["step"] == "compiled"
+    assert registry.fields_of("rtn3")["step"] == "eager"
+    assert registry.spec_of("rtn", {"bits": 4, "group": 32, "step": "compiled"}) == "rtn4-compiled"
+    with pytest.raises(HfspecError, match="step must be one of eager, compiled"):
+        registry.spec_of("rtn", {"bits": 4, "group": 32, "step": "jit"})
+    with pytest.raises(HfspecError, match="compiled step needs the lean step"):
+        make_draft(build("llama"), "rtn4-compiled", lean=False)
+    with pytest.raises(HfspecError, match="GPT2LMHeadModel cannot take"):
+        make_draft(build("gpt2"), "rtn4-compiled")
