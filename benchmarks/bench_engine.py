@@ -17,9 +17,10 @@ from hfspec.benchmark import compare_methods
 
 def main() -> None:
     p = parser(__doc__)
-    p.add_argument("--draft", default="rtn4")
+    p.add_argument("--draft", default="rtn4", help="one draft spec, or several separated by commas")
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--temperatures", default="0,1")
+    p.add_argument("--prompt", default="Once upon a time")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     print("| model | draft | T | plain tok/s | HF assisted tok/s | hfspec tok/s | hfspec / plain | hfspec / assisted "
@@ -27,13 +28,13 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name, folder in model_folders(args).items():
         target, tokenizer = load(folder)
-        draft = hfspec.make_draft(target, args.draft)
-        ids = prompt_ids(tokenizer)
-        for temperature in (float(t) for t in args.temperatures.split(",")):
+        drafts = {spec: hfspec.make_draft(target, spec) for spec in args.draft.split(",")}
+        ids = prompt_ids(tokenizer, args.prompt)
+        for temperature, (spec, draft) in ((float(t), d) for t in args.temperatures.split(",") for d in drafts.items()):
             r = compare_methods(target, draft, ids, gamma=args.gamma, temperature=temperature,
                                 max_new_tokens=args.max_new_tokens, repeats=args.repeats, seed=args.seed)
             tps = r["tokens_per_second"]
-            print(f"| {name} | {args.draft} | {temperature:g} | {tps['plain generate']:.1f} | {tps['HF assisted']:.1f} "
+            print(f"| {name} | {spec} | {temperature:g} | {tps['plain generate']:.1f} | {tps['HF assisted']:.1f} "
                   f"| {tps['hfspec']:.1f} | {r['speedup_vs_plain']['hfspec']:.2f}× | {r['hfspec_vs_assisted']:.2f}× "
                   f"| {r['alpha']:.3f} | {r['hfspec_time_split']['other']:.1%} |", flush=True)
 

@@ -46,7 +46,8 @@ def hf_assisted(target, draft, gamma: int, assistant=None) -> tuple[dict, str]:
     if callable(getattr(draft, "generate", None)):
         return {"assistant_model": draft}, f"the draft itself ({spec or type(draft).__name__})"
     if parsed is not None and parsed.kind == "rtn":
-        return {"assistant_model": make_draft(target, spec, lean=False)}, f"{spec} through the HF forward"
+        eager = registry.DraftSpec("rtn", bits=parsed.bits, group_size=parsed.group_size)  # no compiled step
+        return {"assistant_model": make_draft(target, eager, lean=False)}, f"{eager.label} through the HF forward"
     raise HfspecError(f"draft: {spec or type(draft).__name__} has no HF counterpart for the assisted baseline; "
                       "allowed: pass assistant=<an HF model>, or a draft made by hfspec.make_draft")
 

@@ -185,8 +185,8 @@ class Preset:
         return {
             "gamma": self.gamma,
             "temperature": float(self.temperature),
-            "top_k": self.top_k or None,
-            "top_p": None if self.top_p >= 1.0 else float(self.top_p),
+            "top_k": int(self.top_k),  # 0 passed as 0: None would leave transformers' default top-k of 50
+            "top_p": float(self.top_p),
             "max_new_tokens": self.max_new_tokens,
             "seed": self.seed,
         } | ({"min_new_tokens": self.max_new_tokens} if self.ignore_eos else {})

@@ -123,8 +123,8 @@ class RunSettings:
         """Keyword arguments of hfspec.plain_generate (and of hfspec.generate, with `gamma` added)."""
         return {
             "temperature": float(self.temperature),
-            "top_k": int(self.top_k) or None,
-            "top_p": None if self.top_p >= 1.0 else float(self.top_p),
+            "top_k": int(self.top_k),  # 0 passed as 0: None would leave transformers' default top-k of 50
+            "top_p": float(self.top_p),
             "max_new_tokens": int(self.max_new_tokens),
             "seed": int(self.seed),
         } | ({"min_new_tokens": int(self.max_new_tokens)} if self.ignore_eos else {})

@@ -24,7 +24,8 @@ def check_sampling(temperature=None, top_k=None, top_p=None, min_p=None, max_new
     if temperature is not None and (not _is_number(temperature) or not 0 <= temperature < math.inf):
         raise bad_value("temperature", temperature, "a finite number >= 0 (0 means greedy)")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
-        raise bad_value("top_k", top_k, "an integer >= 0 (0 or None turns it off)")
+        raise bad_value("top_k", top_k, "an integer >= 0 (0 turns it off; None keeps the model's generation config, "
+                        "where transformers' default is 50)")
     if top_p is not None and (not _is_number(top_p) or not 0 < top_p <= 1):
         raise bad_value("top_p", top_p, "a number in (0, 1]")
     if min_p is not None and (not _is_number(min_p) or not 0 <= min_p <= 1):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -153,7 +154,22 @@ def test_missing_required_key(key):
 def test_defaults_for_optional_keys():
     p = preset_from_dict({"target": str(EMBEDDED / "micro"), "draft": "rtn4", "prompt": "x", "needs_download": False})
     assert (p.gamma, p.temperature, p.top_k, p.top_p, p.max_new_tokens, p.seed, p.chat) == (4, 1.0, 0, 1.0, 64, 1, False)
-    assert p.sampling_kwargs()["top_k"] is None and p.sampling_kwargs()["top_p"] is None
+    # passed as off, explicitly: None would leave transformers' default top-k of 50 in place
+    assert p.sampling_kwargs()["top_k"] == 0 and p.sampling_kwargs()["top_p"] == 1.0
+
+
+def test_top_k_zero_means_no_top_k_warper(monkeypatch):
+    import hfspec.hf
+    from hfspec.session import RunSettings, Session
+
+    seen = []
+    real = hfspec.hf.Scorer
+    monkeypatch.setattr(hfspec.hf, "Scorer", lambda procs, *a: seen.append([type(p).__name__ for p in procs])
+                        or real(procs, *a))
+    settings = RunSettings.from_preset("micro-rtn4", measure_baseline=False, max_new_tokens=4)
+    Session().run(settings)
+    Session().run(replace(settings, top_k=7))
+    assert not any("TopK" in name for name in seen[0]) and any("TopK" in name for name in seen[1])
 
 
 @pytest.mark.parametrize("gamma", ["0", "-2", "65", '"fast"', "2.5", "true"])

@@ -102,7 +102,7 @@ def test_settings_validation_names_the_field(change, field):
 def test_settings_dict_and_sampling_kwargs():
     s = RunSettings(target="t", draft="rtn3-g64", gamma="auto", top_k=0, top_p=1.0, prompt="p", device="cpu")
     assert RunSettings.from_dict(s.to_dict() | {"unknown": 1}) == s
-    assert s.sampling_kwargs()["top_k"] is None and s.sampling_kwargs()["top_p"] is None
+    assert s.sampling_kwargs()["top_k"] == 0 and s.sampling_kwargs()["top_p"] == 1.0  # off, explicitly
     assert s.generate_kwargs()["gamma"] == "auto"
     assert parse_list("rtn4, rtn3-g64\n\n a | b ") == ["rtn4", "rtn3-g64", "a | b"]
     assert RunSettings.from_preset("micro-auto").ignore_eos  # the auto demo always runs its full length
