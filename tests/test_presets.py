@@ -79,7 +79,7 @@ def test_every_shipped_preset_loads(name):
 
 def test_default_and_embedded_presets():
     p = load_preset(DEFAULT_PRESET)
-    assert p.draft == "rtn4" and not p.needs_download and p.embedded
+    assert p.draft == "rtn4-compiled" and not p.needs_download and p.embedded
     assert Path(p.target) == (EMBEDDED / "micro").resolve()
     nano = load_preset("micro-nano")
     assert Path(nano.draft) == (EMBEDDED / "nano").resolve() and nano.draft_kind == "sibling"
