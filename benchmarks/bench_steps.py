@@ -1,5 +1,5 @@
 """One decode step, side by side: the target's HF forward over 1 and γ + 1 tokens (the verify pass), and the
-rtn draft through the HF forward (swapped quantised modules) and through its lean step.
+rtn draft through the HF forward (swapped quantised modules), its lean step, and its compiled lean step.
 
     python benchmarks/bench_steps.py --models micro,smollm2 --draft rtn4 --gamma 4
 
@@ -50,18 +50,20 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     print(f"threads {args.threads}, context {args.context}, median of {args.steps} interleaved steps (ms)\n")
     print("| model | target 1 token | target γ+1 tokens | verify / step | HF-forward draft | c (HF forward) "
-          "| lean draft | c (lean) | lean path |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| lean draft | c (lean) | compiled lean draft | c (compiled) | lean path |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, folder in model_folders(args).items():
         target, _ = load(folder)
         hf_draft = hfspec.make_draft(target, args.draft, lean=False)
         lean = hfspec.make_draft(target, args.draft)
+        compiled = hfspec.make_draft(target, args.draft + "-compiled")  # cached on disk after the first time
         vocab = target.config.vocab_size
         ids = torch.randint(0, vocab, (1, args.context + args.gamma + 1), generator=torch.Generator().manual_seed(0))
         timers = {"t1": step_timer(target, ids, args.context, 1),
                   "tv": step_timer(target, ids, args.context, args.gamma + 1),
                   "hf": step_timer(hf_draft, ids, args.context, 1),
-                  "lean": step_timer(lean, ids, args.context, 1)}
+                  "lean": step_timer(lean, ids, args.context, 1),
+                  "compiled": step_timer(compiled, ids, args.context, 1)}
         for t in timers.values():  # warm-up
             t(), t()
         samples = {k: [] for k in timers}
@@ -71,7 +73,8 @@ def main() -> None:
         ms = {k: statistics.median(v) * 1e3 for k, v in samples.items()}
         path = hfspec.drafts.describe(lean)["step"]
         print(f"| {name} | {ms['t1']:.2f} | {ms['tv']:.2f} | {ms['tv'] / ms['t1']:.2f} | {ms['hf']:.2f} "
-              f"| {ms['hf'] / ms['t1']:.2f} | {ms['lean']:.2f} | {ms['lean'] / ms['t1']:.2f} | {path} |", flush=True)
+              f"| {ms['hf'] / ms['t1']:.2f} | {ms['lean']:.2f} | {ms['lean'] / ms['t1']:.2f} | {ms['compiled']:.2f} "
+              f"| {ms['compiled'] / ms['t1']:.2f} | {path} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -31,10 +31,13 @@ from hfspec.quant.modules import FUSED_GROUP_SIZES
 CACHE_CHUNK = 256  # the KV cache grows by this many slots at a time
 COMPILED_FEED_MAX = 4  # a compiled draft runs feeds of up to this many tokens as one-token steps (a round's catch-up)
 # elements: 5-8-bit matrices (and embedding tables) smaller than this stay fp32 (bf16 matmuls are slow on CPUs
-# without bf16 units); at 2-4 bits every matrix the int4 kernel takes uses it, however small: in a real decode
-# the draft's step alternates with the target's and finds its weights out of cache, so bytes read decide (micro's
-# rtn4 step reads 0.7 MB instead of 5.8 MB of fp32, 0.8 vs 1.3 ms interleaved with target steps, benchmarks/)
+# without bf16 units)
 DENSE_BELOW = 1 << 18
+# elements: at 2-4 bits a matrix this large or larger runs the int4 kernel. In a real decode the draft's step
+# alternates with the target's and finds its weights out of cache, so bytes read decide (micro's rtn4 step reads
+# 0.7 MB instead of 5.8 MB of fp32: 0.8 vs 1.2 ms interleaved with target steps); below 64 KB of fp32 a matrix
+# stays in cache anyway and the kernel's casts cost more (stories260K's 64-wide layers: 1.17 vs 1.26 ms)
+INT4_FROM = 1 << 14
 _ACTS = {"silu": F.silu, "swish": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
          "gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh")}
 _PATH_INT4 = "int4 CPU kernel (aten._weight_int4pack_mm_for_cpu)"
@@ -54,7 +57,7 @@ class LeanLinear(nn.Module):
         self.out_features, self.in_features = w.shape
         self.bits = bits
         self.int4 = (bits is not None and bits <= 4 and w.device.type == "cpu" and group_size in FUSED_GROUP_SIZES
-                     and self.in_features % group_size == 0
+                     and self.in_features % group_size == 0 and w.numel() >= INT4_FROM
                      and packing.int4_cpu_kernel_ok())
         self.group_size = group_size
         with torch.no_grad():
