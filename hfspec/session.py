@@ -235,6 +235,10 @@ class LiveBuffer:
         with self._lock:
             self._items.clear()
 
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
 
 class IncrementalDecoder:
     """Turns generated ids into text pieces, one per token, decoding with the prompt as context (so spaces
@@ -481,9 +485,11 @@ class Session:
 
     # -------------------------------------------------------------- running
     def run(self, settings: RunSettings, on_live: Callable[[LiveSnapshot], None] | None = None,
-            should_stop: StopCheck | None = None, progress: Progress | None = None) -> RunResult:
+            should_stop: StopCheck | None = None, progress: Progress | None = None,
+            before_measure: Callable[[], None] | None = None) -> RunResult:
         """One speculative run, then (when `settings.measure_baseline`) plain decoding of exactly as many
-        tokens, measured right after it."""
+        tokens, measured right after it. `before_measure()` is called first: a display can finish drawing the run
+        (on 2 cores a busy GUI thread slows what is being timed)."""
         import hfspec
 
         settings.validated()
@@ -527,6 +533,8 @@ class Session:
         result = RunResult(settings=replace(settings), stats=out.stats, prompt_text=prompt_text, pieces=pieces,
                            series=series)
         if settings.measure_baseline and not out.stats.stopped and out.stats.new_tokens:
+            if before_measure is not None:
+                before_measure()
             result.baseline = self._measure(settings, target, draft, ids, out.stats.new_tokens, should_stop, progress)
         return result
 

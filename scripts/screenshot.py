@@ -13,7 +13,6 @@ import argparse
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,12 +30,13 @@ def main() -> int:
     args = parser.parse_args()
 
     import torch
-    from PySide6.QtCore import QSettings
+    from PySide6.QtCore import QEventLoop, QSettings, QTimer
     from PySide6.QtWidgets import QApplication
 
+    from gui.app import default_threads
     from gui.main_window import MainWindow
 
-    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    torch.set_num_threads(default_threads())  # as `hfspec gui` does
     app = QApplication([sys.argv[0]])
     tmp = tempfile.mkdtemp(prefix="hfspec-shot-")
     window = MainWindow(settings_store=QSettings(os.path.join(tmp, "gui.ini"), QSettings.Format.IniFormat))
@@ -52,13 +52,15 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     def settle(seconds: float = 0.3):
-        while window.controller.busy:
-            app.processEvents()
-            time.sleep(0.01)
-        end = time.time() + seconds
-        while time.time() < end:
-            app.processEvents()
-            time.sleep(0.01)
+        """Wait for the job on Qt's event loop (a polling loop here would take CPU from the runs being timed)."""
+        if window.controller.busy:
+            loop = QEventLoop()
+            window.controller.done.connect(loop.quit)
+            loop.exec()
+            window.controller.done.disconnect(loop.quit)
+        loop = QEventLoop()
+        QTimer.singleShot(int(seconds * 1000), loop.quit)
+        loop.exec()
 
     def shot(name: str):
         settle()

@@ -405,3 +405,9 @@ def test_hfspec_gui_passes_the_settings_file(monkeypatch, tmp_path):
     monkeypatch.setattr(gui_app, "main", lambda argv: got.append(argv) or 0)
     assert cli.main(["gui", "--settings", str(tmp_path / "s.ini"), "--preset", "micro-nano"]) == 0
     assert got == [["--preset", "micro-nano", "--settings", str(tmp_path / "s.ini")]]
+
+
+def test_the_dashboard_leaves_one_core_to_its_window(capsys):
+    assert [gui_app.default_threads(n) for n in (1, 2, 16)] == [1, 1, 15]
+    assert gui_app.main(["--threads", "0"]) == 2  # refused before any window opens
+    assert "--threads: got 0; allowed: an integer >= 1" in capsys.readouterr().err
