@@ -11,6 +11,7 @@ from hfspec.benchmark import compare_methods, hf_assisted
 from hfspec.cli import build_parser, main
 from hfspec.drafts import registry
 from hfspec.errors import HfspecError
+from hfspec.presets import load_preset
 
 PROMPT = torch.tensor([[0, 5, 17, 33, 5, 17]])
 
@@ -26,7 +27,8 @@ def test_bench_runs_a_prompt_lookup_draft(capsys):
     assert code == 0
     result = json.loads(capsys.readouterr().out)
     assert set(result["tokens_per_second"]) == {"plain generate", "HF assisted", "hfspec"}
-    assert "prompt_lookup_num_tokens=4" in result["hf_assistant"]
+    gamma = load_preset("micro-rtn4").gamma  # the HF baseline proposes as many tokens as the preset's γ
+    assert f"prompt_lookup_num_tokens={gamma}" in result["hf_assistant"]
 
 
 @pytest.mark.parametrize("spec, expect", [("lookup-n2", "prompt_lookup_num_tokens=3, max_matching_ngram_size=2"),
