@@ -161,7 +161,6 @@ def cmd_run(args) -> int:
     # --ignore-eos can only turn it on: without the flag the preset's own ignore_eos stands
     settings = _settings(args, measure_baseline=not args.no_baseline, **({"ignore_eos": True} if args.ignore_eos else {}))
     result = _session(args).run(settings, progress=_say)
-    base = result.baseline.tokens_per_second if result.baseline else None
     if args.json:
         print(report.dumps(result.to_dict() | {"measured_speedup": result.measured_speedup}))
         return 0
@@ -169,9 +168,7 @@ def cmd_run(args) -> int:
     print(result.prompt_text + report.coloured_text(result.pieces, colour))
     print()
     print(report.legend(colour))
-    b = result.baseline
-    print("\n".join(report.stats_lines(result.stats, base, b.new_tokens if b else None,
-                                       b.speculative_tokens_per_second if b else None, b.pairs if b else 1)))
+    print("\n".join(report.stats_lines(result.stats, result.baseline, result.measured_speedup)))
     return 0
 
 

@@ -29,10 +29,10 @@ STOP_WORDS = {"eos": "EOS", "max_tokens": "max new tokens", "stop_criteria": "st
               "user": "stopped by the user", "mixed": "rows ended differently"}
 
 
-def stats_lines(stats: SpecStats, baseline_tps: float | None = None, baseline_tokens: int | None = None,
-                speculative_tps: float | None = None, pairs: int = 1) -> list[str]:
+def stats_lines(stats: SpecStats, baseline=None, measured_speedup: float | None = None) -> list[str]:
     """The numbers of one run, one per line. The estimate uses the measured c_time; the bytes-based figure is
-    the weight-bound ideal."""
+    the weight-bound ideal. `baseline` (`hfspec.session.Baseline`) and `measured_speedup`
+    (`RunResult.measured_speedup`) add the measured speed-up line."""
     s = stats
     lines = [
         f"γ                        {s.gamma} (mean {s.mean_gamma:.2f})",
@@ -52,13 +52,11 @@ def stats_lines(stats: SpecStats, baseline_tps: float | None = None, baseline_to
         f"other {s.time_other:.2f}",
         f"tokens per second        {s.tokens_per_second:.1f}",
     ]
-    if baseline_tps:
-        # speculative_tps: the same decoding re-timed beside the plain runs (else this run's own rate)
-        fast = speculative_tps or s.tokens_per_second
-        length = f"{baseline_tokens} tokens, " if baseline_tokens else ""
-        median = f"median of {pairs} alternating pairs, " if pairs > 1 else ""
-        lines.append(f"measured speed-up        {fast / baseline_tps:.2f}× ({median}{length}speculative "
-                     f"{fast:.1f} tok/s, plain decoding {baseline_tps:.1f} tok/s)")
+    if baseline is not None and measured_speedup:
+        plain = baseline.tokens_per_second
+        median = f"median of {baseline.pairs} alternating pairs, " if baseline.pairs > 1 else ""
+        lines.append(f"measured speed-up        {measured_speedup:.2f}× ({median}{baseline.new_tokens} tokens, "
+                     f"speculative {measured_speedup * plain:.1f} tok/s, plain decoding {plain:.1f} tok/s)")
     return lines
 
 
