@@ -463,8 +463,8 @@ class Session:
             parsed = registry.parse(spec.strip())
             say(f"building draft {parsed.label}…")
             kind = registry.KINDS.get(parsed.kind)
-            options = {"target_tokenizer": tokenizer, "progress": say} if kind and kind.options is None else {}
-            if kind and kind.options and "progress" in kind.options:
+            options = {"target_tokenizer": tokenizer} if kind and kind.options is None else {}
+            if kind and (kind.options is None or "progress" in kind.options):  # kinds that report while building
                 options["progress"] = say
             draft = make_draft(target, spec.strip(), **options)
             while len(self._drafts) >= self.max_drafts:

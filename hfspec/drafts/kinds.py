@@ -35,11 +35,15 @@ def _parse_rtn(text: str, low: str) -> DraftSpec | None:
     return DraftSpec("rtn", bits=bits, group_size=group, params=(("step", "compiled"),) if match.group(3) else ())
 
 
+def _step_suffix(step: str) -> str:
+    """How a spec string ends for a step: "-compiled" or nothing."""
+    return "-compiled" if step == "compiled" else ""
+
+
 def _build_rtn(target, spec: DraftSpec, options: dict):
     from hfspec.drafts.fast import make_rtn_draft
 
-    compiled = spec.param("step") == "compiled"
-    return make_rtn_draft(target, spec.bits, spec.group_size, compiled=compiled, **options)
+    return make_rtn_draft(target, spec.bits, spec.group_size, compiled=spec.param("step") == "compiled", **options)
 
 
 def _rtn_spec(values: dict) -> str:
@@ -47,12 +51,11 @@ def _rtn_spec(values: dict) -> str:
     step = values.get("step") or STEPS[0]
     if step not in STEPS:
         raise fail(f"step must be one of {', '.join(STEPS)}, got {step!r}")
-    return (f"rtn{int(values['bits'])}" + (f"-g{group}" if group != DEFAULT_GROUP_SIZE else "")
-            + ("-compiled" if step == "compiled" else ""))
+    return f"rtn{int(values['bits'])}" + (f"-g{group}" if group != DEFAULT_GROUP_SIZE else "") + _step_suffix(step)
 
 
 def _rtn_label(spec: DraftSpec) -> str:
-    return f"rtn{spec.bits}-g{spec.group_size}" + ("-compiled" if spec.param("step") == "compiled" else "")
+    return f"rtn{spec.bits}-g{spec.group_size}" + _step_suffix(spec.param("step", STEPS[0]))
 
 
 def _parse_bnb(text: str, low: str) -> DraftSpec | None:
