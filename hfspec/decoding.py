@@ -1,18 +1,21 @@
 """The speculative decoding loop; plain decoding is the same loop with a draft that proposes nothing.
 
-Each round: the draft proposes up to γ tokens (`Draft.propose`), the target scores all of them in one forward,
-`verify` keeps a prefix and draws one more token, both models roll back to what was kept. Batches share one
-slot layout (see `hfspec.slots`); rows that finish are dropped from the batch and the caches.
+Each round follows Algorithm 1 of Leviathan et al. (2023): the draft proposes up to γ tokens (`propose`), the
+target scores all of them in one forward and keeps a prefix plus one more token (`verify`), each row takes its
+tokens up to where plain `generate` would stop (`commit`), and both models roll back to what was kept
+(`settle`). Batches share one slot layout (see `hfspec.slots`); rows that finish are dropped from the batch and
+the caches.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
-from hfspec.drafts.base import Draft, NoDraft
+from hfspec.drafts.base import Draft, NoDraft, attach_draft
 from hfspec.kv_model import CachedModel
 from hfspec.sampling import sample, verify, verify_greedy
 from hfspec.scoring import Scorer
@@ -28,132 +31,223 @@ class DecodeResult:
     stats: SpecStats
 
 
-def decode(
-    target: torch.nn.Module,
-    draft: Draft | None,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    *,
-    scorer: Scorer,
-    stopper: Stopper,
-    policy,
-    pad_token_id: int,
-    generator: torch.Generator | None = None,
-    streamer=None,
-    on_round=None,
-    should_stop=None,
-    stats: SpecStats | None = None,
-    target_runner=None,
-) -> DecodeResult:
+@dataclass
+class DecodeJob:
+    """How to decode, besides the models and the prompt: token rules (`scorer`), when to stop (`stopper`), how
+    many tokens to propose (`policy`), and the live hooks. `target_runner`: the target's runner (default: the
+    HF forward with a KV cache); the draft is attached to it, so a self-draft can share it."""
+
+    scorer: Scorer
+    stopper: Stopper
+    policy: object
+    pad_token_id: int
+    generator: torch.Generator | None = None
+    streamer: object = None
+    on_round: Callable | None = None
+    should_stop: Callable[[], bool] | None = None
+    stats: SpecStats | None = None
+    target_runner: object = None
+
+
+@dataclass
+class Proposal:
+    """One round's offer: draft tokens x [B, k] from slot `start`, their distributions q [B, k, V] (None: the
+    draft proposes deterministically), and γ as asked (a draft may propose fewer)."""
+
+    x: torch.Tensor
+    q: torch.Tensor | None
+    start: int
+    asked: int
+    groups: list | None = None  # per-history-length rows, for processors that read the history
+    draft_clock: tuple[float, int] = (0.0, 0)  # the draft's (seconds, forwards) before proposing
+
+    @property
+    def gamma(self) -> int:
+        return self.x.shape[1]
+
+
+@dataclass
+class Verdict:
+    """The target's answer: accepted draft tokens per row `n` [B] and one more token per row [B]."""
+
+    n: torch.Tensor
+    token: torch.Tensor
+    target_seconds: float
+
+
+@dataclass
+class Committed:
+    """What the rows took this round (for statistics, the streamer and `on_round`)."""
+
+    tokens: list[list[int]] = field(default_factory=list)
+    kinds: list[list[str]] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    checked: list[int] = field(default_factory=list)
+    finished: list[bool] = field(default_factory=list)
+
+
+def decode(target: torch.nn.Module, draft: Draft | None, input_ids: torch.Tensor,
+           attention_mask: torch.Tensor | None, job: DecodeJob) -> DecodeResult:
     """Generate until every row stops. `draft`: a `Draft` (see `hfspec.drafts.base`); None decodes plainly."""
-    began = time.perf_counter()
-    draft = draft if draft is not None else NoDraft()
-    speculative = not isinstance(draft, NoDraft)
-    batch, prompt_len = input_ids.shape
-    stats = stats or SpecStats()
-    stats.gamma, stats.batch_size = (policy.label if speculative else 0), batch
-    stats.stop_reasons = [""] * batch
-    slots = Slots(input_ids, attention_mask)
-    t_model = target_runner or CachedModel(target)
-    out: list[list[int]] = [[] for _ in range(batch)]
-    kinds: list[list[str]] = [[] for _ in range(batch)]
-    active = list(range(batch))
-    device = input_ids.device
-    round_index = 0
-
-    def history(row: int) -> torch.Tensor:
-        return torch.cat([input_ids[row], input_ids.new_tensor(out[row])])
-
-    while active:
-        if should_stop is not None and should_stop():
-            stats.stopped = True
-            for row in active:
-                stats.stop_reasons[row] = "user"
+    run = _Run(target, draft, input_ids, attention_mask, job)
+    while run.active:
+        if run.user_stopped():
             break
-        room = max(stopper.budget(prompt_len + len(out[row])) for row in active)
-        gamma = max(0, min(policy.next(), room - 1)) if speculative else 0
-        start = slots.size
-        groups = _history_groups([history(r) for r in active], device) if scorer.needs_history else None
+        proposal = propose(run)
+        verdict = verify_proposal(run, proposal)
+        done = commit(run, proposal, verdict)
+        settle(run, proposal, verdict, done)
+    return run.finish()
 
-        def pick(logits: torch.Tensor, x_so_far: torch.Tensor, groups=groups):
-            """The draft's next token and its distribution q, processed exactly as the target's p will be."""
-            logits = logits.to(device)
-            ctx = [(rows, torch.cat([ids, x_so_far[rows]], dim=1)) for rows, ids in groups] if groups else None
-            if not scorer.do_sample:
-                return scorer.greedy(ctx, x_so_far, logits)[:, 0], None
-            q_j = scorer.probs(ctx, x_so_far, logits)[:, 0]
-            return sample(q_j, generator), q_j
 
-        d_seconds, d_forwards = draft.seconds, draft.forwards
-        x, q = draft.propose(slots, gamma, pick)
-        asked, gamma = gamma, x.shape[1]  # a draft may propose fewer
+class _Run:
+    """The state of one decode: slots, each row's new tokens, the rows still running, the statistics."""
 
-        # Target: one forward over everything it has not seen, distributions at γ + 1 positions.
-        t_seconds = t_model.seconds
-        logits = t_model.feed(slots.tokens, slots.positions, slots.valid, start + gamma, gamma + 1, slots.all_valid)
+    def __init__(self, target, draft, input_ids, attention_mask, job: DecodeJob):
+        self.began = time.perf_counter()
+        self.job = job
+        self.draft = draft if draft is not None else NoDraft()
+        self.speculative = not isinstance(self.draft, NoDraft)
+        self.input_ids = input_ids
+        batch, self.prompt_len = input_ids.shape
+        self.stats = job.stats or SpecStats()
+        self.stats.gamma, self.stats.batch_size = (job.policy.label if self.speculative else 0), batch
+        self.stats.stop_reasons = [""] * batch
+        self.slots = Slots(input_ids, attention_mask)
+        self.target = job.target_runner or CachedModel(target)
+        attach_draft(self.draft, self.target)
+        self.out: list[list[int]] = [[] for _ in range(batch)]
+        self.kinds: list[list[str]] = [[] for _ in range(batch)]
+        self.active = list(range(batch))
+        self.round_index = 0
+
+    def history(self, row: int) -> torch.Tensor:
+        return torch.cat([self.input_ids[row], self.input_ids.new_tensor(self.out[row])])
+
+    def user_stopped(self) -> bool:
+        if self.job.should_stop is None or not self.job.should_stop():
+            return False
+        self.stats.stopped = True
+        for row in self.active:
+            self.stats.stop_reasons[row] = "user"
+        return True
+
+    def finish(self) -> DecodeResult:
+        if self.job.streamer is not None:
+            self.job.streamer.end()
+        _copy_model_stats(self)
+        batch, device = self.input_ids.shape[0], self.input_ids.device
+        width = max(len(row) for row in self.out) if self.out else 0
+        sequences = torch.full((batch, self.prompt_len + width), self.job.pad_token_id, dtype=self.input_ids.dtype,
+                               device=device)
+        sequences[:, :self.prompt_len] = self.input_ids
+        for row, tokens in enumerate(self.out):
+            sequences[row, self.prompt_len : self.prompt_len + len(tokens)] = self.input_ids.new_tensor(tokens)
+        return DecodeResult(sequences, self.kinds, self.stats)
+
+
+def propose(run: _Run) -> Proposal:
+    """The draft appends up to γ tokens to the slots; q is processed exactly as the target's p will be."""
+    job, device = run.job, run.input_ids.device
+    room = max(job.stopper.budget(run.prompt_len + len(run.out[row])) for row in run.active)
+    gamma = max(0, min(job.policy.next(), room - 1)) if run.speculative else 0
+    start = run.slots.size
+    groups = _history_groups([run.history(r) for r in run.active], device) if job.scorer.needs_history else None
+    clock = (run.draft.seconds, run.draft.forwards)
+    x, q = run.draft.propose(run.slots, gamma, _picker(job, groups, device))
+    return Proposal(x, q, start, gamma, groups, clock)
+
+
+def _picker(job: DecodeJob, groups, device):
+    scorer, generator = job.scorer, job.generator
+
+    def pick(logits: torch.Tensor, x_so_far: torch.Tensor):
+        """The draft's next token and its distribution q, processed exactly as the target's p will be."""
         logits = logits.to(device)
-        if scorer.do_sample:
-            # q None: a draft without distributions proposes deterministically (q one-hot on x; `verify` forms
-            # it only at the one position per row that needs it)
-            n, token = verify(scorer.probs(groups, x, logits), q, x, generator)
-        else:
-            n, token = verify_greedy(scorer.greedy(groups, x, logits), x)
+        ctx = [(rows, torch.cat([ids, x_so_far[rows]], dim=1)) for rows, ids in groups] if groups else None
+        if not scorer.do_sample:
+            return scorer.greedy(ctx, x_so_far, logits)[:, 0], None
+        q_j = scorer.probs(ctx, x_so_far, logits)[:, 0]
+        return sample(q_j, generator), q_j
 
-        # Commit each row's tokens in order, stopping exactly where plain generate would.
-        n_list, token_list, x_list = n.tolist(), token.tolist(), x.tolist()
-        committed, finished, new_tokens, new_kinds, accepted, checked = [], [], [], [], [], []
-        for i, row in enumerate(active):
-            n_i = n_list[i]
-            tokens = x_list[i][:n_i] + [token_list[i]]
-            last = "target" if gamma == 0 else ("bonus" if n_i == gamma else "resampled")
-            keep, done, reason = stopper.commit(prompt_len + len(out[row]), tokens, lambda row=row: history(row))
-            out[row].extend(tokens[:keep])
-            row_kinds = (["accepted"] * n_i + [last])[:keep]
-            kinds[row].extend(row_kinds)
-            committed.append(keep)
-            finished.append(done)
-            new_tokens.append(tokens[:keep])
-            new_kinds.append(row_kinds)
-            # Positions past a stop (EOS, length) were never really used: count only those up to it.
-            accepted.append(min(n_i, keep))
-            checked.append(min(n_i + 1, gamma, keep))
-            if done:
-                stats.stop_reasons[row] = reason
-        if streamer is not None and new_tokens[0]:
-            streamer.put(input_ids.new_tensor(new_tokens[0]).cpu())
-        stats.record_round(gamma, accepted, checked, committed, active)
-        # A round where the draft had nothing to propose (prompt lookup without a match) says nothing about
-        # α or c, and is not the policy choosing plain decoding: the policy does not learn from it.
-        if speculative and not (asked > 0 and gamma == 0):
-            d_step = (draft.seconds - d_seconds) / max(1, draft.forwards - d_forwards)
-            policy.update(gamma, sum(accepted), sum(checked), d_step, t_model.seconds - t_seconds)
-        _copy_model_stats(stats, t_model, draft, began)
-        if on_round is not None:
-            on_round(RoundEvent(round_index, gamma, accepted, new_tokens, new_kinds, stats, list(active)))
-        round_index += 1
+    return pick
 
-        # Roll both caches back to the accepted prefix and lay out the next round.
-        slots.settle(start, x, n, token)
-        t_model.rollback(slots.size - 1)
-        draft.rollback(slots.size - 1)
-        if any(finished):
-            rows = torch.tensor([i for i, done in enumerate(finished) if not done], device=device)
-            active = [row for row, done in zip(active, finished, strict=True) if not done]
-            if active:
-                slots.keep_rows(rows)
-                t_model.keep_rows(rows)
-                draft.keep_rows(rows)
 
-    if streamer is not None:
-        streamer.end()
-    _copy_model_stats(stats, t_model, draft, began)
-    width = max(len(row) for row in out) if out else 0
-    sequences = torch.full((batch, prompt_len + width), pad_token_id, dtype=input_ids.dtype, device=device)
-    sequences[:, :prompt_len] = input_ids
-    for row, tokens in enumerate(out):
-        sequences[row, prompt_len : prompt_len + len(tokens)] = input_ids.new_tensor(tokens)
-    return DecodeResult(sequences, kinds, stats)
+def verify_proposal(run: _Run, proposal: Proposal) -> Verdict:
+    """One target forward over everything it has not seen, distributions at γ + 1 positions; keep a prefix of x
+    and draw one more token (the rule of `hfspec.sampling.verify`)."""
+    scorer, slots, gamma = run.job.scorer, run.slots, proposal.gamma
+    before = run.target.seconds
+    logits = run.target.feed(slots.tokens, slots.positions, slots.valid, proposal.start + gamma, gamma + 1,
+                             slots.all_valid)
+    logits = logits.to(run.input_ids.device)
+    if scorer.do_sample:
+        # q None: a draft without distributions proposes deterministically (q one-hot on x; `verify` forms it
+        # only at the one position per row that needs it)
+        n, token = verify(scorer.probs(proposal.groups, proposal.x, logits), proposal.q, proposal.x, run.job.generator)
+    else:
+        n, token = verify_greedy(scorer.greedy(proposal.groups, proposal.x, logits), proposal.x)
+    return Verdict(n, token, run.target.seconds - before)
 
+
+def commit(run: _Run, proposal: Proposal, verdict: Verdict) -> Committed:
+    """Each row takes its accepted tokens and the new one in order, stopping exactly where plain generate would;
+    then the statistics, the streamer, the γ policy and `on_round` hear of the round."""
+    gamma, done = proposal.gamma, Committed()
+    last = "target" if gamma == 0 else None
+    for row, n_i, token, x_row in zip(run.active, verdict.n.tolist(), verdict.token.tolist(), proposal.x.tolist(),
+                                      strict=True):
+        kind = last or ("bonus" if n_i == gamma else "resampled")
+        tokens = x_row[:n_i] + [token]
+        keep, finished, reason = run.job.stopper.commit(run.prompt_len + len(run.out[row]), tokens,
+                                                        lambda row=row: run.history(row))
+        row_kinds = (["accepted"] * n_i + [kind])[:keep]
+        run.out[row].extend(tokens[:keep])
+        run.kinds[row].extend(row_kinds)
+        done.tokens.append(tokens[:keep])
+        done.kinds.append(row_kinds)
+        # Positions past a stop (EOS, length) were never really used: count only those up to it.
+        done.accepted.append(min(n_i, keep))
+        done.checked.append(min(n_i + 1, gamma, keep))
+        done.finished.append(finished)
+        if finished:
+            run.stats.stop_reasons[row] = reason
+    _report(run, proposal, verdict, done)
+    return done
+
+
+def _report(run: _Run, proposal: Proposal, verdict: Verdict, done: Committed) -> None:
+    job, stats, gamma = run.job, run.stats, proposal.gamma
+    if job.streamer is not None and done.tokens[0]:
+        job.streamer.put(run.input_ids.new_tensor(done.tokens[0]).cpu())
+    stats.record_round(gamma, done.accepted, done.checked, [len(t) for t in done.tokens], run.active)
+    # A round where the draft had nothing to propose (prompt lookup without a match) says nothing about α or
+    # c, and is not the policy choosing plain decoding: the policy does not learn from it.
+    if run.speculative and not (proposal.asked > 0 and gamma == 0):
+        seconds, forwards = proposal.draft_clock
+        d_step = (run.draft.seconds - seconds) / max(1, run.draft.forwards - forwards)
+        job.policy.update(gamma, sum(done.accepted), sum(done.checked), d_step, verdict.target_seconds)
+    _copy_model_stats(run)
+    if job.on_round is not None:
+        job.on_round(RoundEvent(run.round_index, gamma, done.accepted, done.tokens, done.kinds, stats,
+                                list(run.active)))
+    run.round_index += 1
+
+
+def settle(run: _Run, proposal: Proposal, verdict: Verdict, done: Committed) -> None:
+    """Roll both caches back to the accepted prefix, lay out the next round, and drop finished rows."""
+    run.slots.settle(proposal.start, proposal.x, verdict.n, verdict.token)
+    run.target.rollback(run.slots.size - 1)
+    run.draft.rollback(run.slots.size - 1)
+    if not any(done.finished):
+        return
+    keep = [i for i, finished in enumerate(done.finished) if not finished]
+    run.active = [run.active[i] for i in keep]
+    if run.active:
+        rows = torch.tensor(keep, device=run.input_ids.device)
+        run.slots.keep_rows(rows)
+        run.target.keep_rows(rows)
+        run.draft.keep_rows(rows)
 
 
 def _history_groups(histories: list[torch.Tensor], device) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -166,11 +260,12 @@ def _history_groups(histories: list[torch.Tensor], device) -> list[tuple[torch.T
             for rows in by_length.values()]
 
 
-def _copy_model_stats(stats: SpecStats, t_model, draft: Draft, began: float) -> None:
-    stats.time_target = t_model.seconds
-    stats.positions_fed_target = t_model.positions_fed
+def _copy_model_stats(run: _Run) -> None:
+    stats, target, draft = run.stats, run.target, run.draft
+    stats.time_target = target.seconds
+    stats.positions_fed_target = target.positions_fed
     if draft.forwards:
         stats.time_draft = draft.seconds
         stats.draft_forwards = draft.forwards
         stats.positions_fed_draft = draft.positions_fed
-    stats.time_total = time.perf_counter() - began
+    stats.time_total = time.perf_counter() - run.began

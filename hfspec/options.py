@@ -2,8 +2,7 @@
 get their tokenizer back.
 
 transformers 5 hands a callable `custom_generate` only its own extra parameters: `streamer`, `tokenizer` and
-`assistant_model` are dropped on the way. They are read back from the calling frames here, as `hf.py` does for
-the streamer.
+`assistant_model` are dropped on the way. They are read back from the calling frames here (`given_to_generate`).
 """
 
 from __future__ import annotations
@@ -49,11 +48,10 @@ def check_generate_kwargs(input_ids, temperature, seed, generation_kwargs: dict)
     return kwargs
 
 
-def check_speculative_options(model, draft_model, input_ids, generation_config, stopping_criteria, streamer, seed,
+def check_speculative_options(model, draft_model, input_ids, generation_config, stopping_criteria, streamer,
                               stop_strings):
     """What `speculative_generate` receives from transformers, checked before decoding. Returns the stopping
     criteria, with the stop strings added (transformers could not build them: it drops `tokenizer`)."""
-    validate.check_seed(seed)
     validate.check_token_ids(input_ids, model, draft_model)
     assistant = given_to_generate("assistant_model")
     mode = generation_config.get_generation_mode(assistant)

@@ -2,10 +2,13 @@
 
     x, q = draft.propose(slots, gamma, pick)   # appends x to the slots; q [B, k, V] (None when greedy)
     draft.rollback(length); draft.keep_rows(rows)
+    draft.attach(target_runner)                # optional: the target's runner, before the first round
 
 A model-backed draft (`ModelDraft`) feeds the slots it has not seen through a runner with a KV cache (the HF
 forward via `CachedModel`, or a lean step of its own) and lets the loop's `pick` turn logits into tokens and
-q. Plain decoding is `NoDraft`, which proposes nothing. A new kind of draft implements these three methods.
+q. Plain decoding is `NoDraft`, which proposes nothing. A new kind of draft implements these three methods;
+`attach` is optional: a draft that shares the target's weights and cache (layer skipping, early exit) keeps the
+target's runner there.
 """
 
 from __future__ import annotations
@@ -36,6 +39,17 @@ class Draft(Protocol):
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         """Drop finished rows."""
+
+    def attach(self, target_runner) -> None:
+        """Given the target's runner (`feed`/`rollback`/`keep_rows`, see `hfspec.kv_model.CachedModel`) before the
+        first round. Optional: `attach_draft` skips drafts without it."""
+
+
+def attach_draft(draft: Draft, target_runner) -> None:
+    """Give `draft` the target's runner when it wants it (the `attach` hook is optional for a `Draft`)."""
+    hook = getattr(draft, "attach", None)
+    if callable(hook):
+        hook(target_runner)
 
 
 class NoDraft:

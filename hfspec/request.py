@@ -1,0 +1,100 @@
+"""One generate call, checked once: what to decode (target, draft or plain, γ, seed, hooks) and, from
+`hfspec.generate` / `plain_generate`, the keywords for `target.generate`.
+
+Every entry point builds a `Request` first (`Request.for_generate`, or `Request.for_loop` when transformers
+calls `speculative_generate` directly); nothing downstream checks the same things again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from hfspec import validate
+from hfspec.options import check_generate_kwargs
+
+_DRAFT_ALLOWED = "a draft model (hfspec.make_draft(target, 'rtn4'), or a sibling)"
+
+
+@dataclass(frozen=True)
+class Request:
+    """A validated request. `draft` is the draft model (None when `plain`); `draft_vocab` its usable
+    vocabulary width from `validate.check_pair` (None: all of it)."""
+
+    target: object
+    draft: object
+    gamma: int | str
+    plain: bool = False
+    seed: int | None = None
+    on_round: Callable | None = None
+    should_stop: Callable[[], bool] | None = None
+    draft_vocab: int | None = None
+    # From hfspec.generate / plain_generate only:
+    input_ids: torch.Tensor | None = None
+    attention_mask: torch.Tensor | None = None
+    max_new_tokens: int | None = None
+    generate_kwargs: dict = field(default_factory=dict)
+
+    @classmethod
+    def for_loop(cls, target, input_ids, draft, gamma, *, plain=False, seed=None, on_round=None,
+                 should_stop=None, draft_field: str = "draft_model") -> Request:
+        """The checks the decoding loop relies on: seed, γ, a draft that shares the target's tokens, and
+        position ids for batches."""
+        validate.check_seed(seed)
+        vocab = None
+        if not plain:
+            validate.check_gamma(gamma)
+            if draft is None:
+                raise validate.bad_value(draft_field, None, _DRAFT_ALLOWED)
+            vocab = validate.check_pair(target, draft)
+        else:
+            draft = None
+        if input_ids.shape[0] > 1 and not validate.accepts_positions(target, draft):
+            raise validate.bad_value("input_ids", tuple(input_ids.shape), "batch size 1 for models without position_ids")
+        return cls(target, draft, gamma, plain, seed, on_round, should_stop, vocab)
+
+    @classmethod
+    def for_generate(cls, target, input_ids, draft, gamma, *, plain: bool, temperature=None, top_k=None, top_p=None,
+                     max_new_tokens=None, seed=None, attention_mask=None, on_round=None, should_stop=None,
+                     generation_kwargs: dict | None = None) -> Request:
+        """`hfspec.generate` / `plain_generate`'s arguments, checked before any model runs."""
+        kwargs = check_generate_kwargs(input_ids, temperature, seed, generation_kwargs or {})
+        if not plain:
+            validate.check_gamma(gamma)
+        validate.check_sampling(temperature, top_k, top_p, kwargs.get("min_p"), max_new_tokens)
+        validate.check_input_ids(input_ids, attention_mask)
+        request = replace(
+            cls.for_loop(target, input_ids, draft, gamma, plain=plain, seed=seed, on_round=on_round,
+                         should_stop=should_stop, draft_field="draft"),
+            input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
+            generate_kwargs=_sampling_kwargs(kwargs, temperature, top_k, top_p, max_new_tokens))
+        validate.check_length(target, input_ids.shape[1], max_new_tokens)
+        return request
+
+    @property
+    def shown_gamma(self) -> int | str:
+        """γ as statistics report it (0 for plain decoding)."""
+        return 0 if self.plain else self.gamma
+
+
+def _sampling_kwargs(kwargs: dict, temperature, top_k, top_p, max_new_tokens) -> dict:
+    """`target.generate` keywords for hfspec's sampling arguments (temperature 0 is greedy)."""
+    kwargs = dict(kwargs)
+    if temperature is not None:
+        if temperature == 0:
+            kwargs.setdefault("do_sample", False)
+        else:
+            kwargs.setdefault("do_sample", True)
+            kwargs["temperature"] = float(temperature)
+    if kwargs.get("do_sample") is False:
+        kwargs.update(temperature=None, top_k=None, top_p=None)
+    else:
+        if top_k is not None:
+            kwargs["top_k"] = top_k
+        if top_p is not None:
+            kwargs["top_p"] = top_p
+    if max_new_tokens is not None:
+        kwargs["max_new_tokens"] = max_new_tokens
+    return kwargs
