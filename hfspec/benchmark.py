@@ -25,12 +25,11 @@ def _timed(fn) -> tuple[float, object]:
 def hf_assisted(target, draft, gamma: int, assistant=None) -> tuple[dict, str]:
     """Keyword arguments for transformers' own assisted generation that match hfspec's `draft`, and a label.
 
-    assistant: a model to use instead (an HF model with `generate`). Otherwise: prompt lookup drafts use
-    `prompt_lookup_num_tokens=γ` (and their n-gram size); a draft that is an HF model (sibling, bitsandbytes,
-    HF-forward RTN) is the assistant itself; a lean RTN draft (no `generate`) is rebuilt as its HF-forward copy,
-    `make_draft(target, spec, lean=False)`.
+    assistant: a model to use instead (an HF model with `generate`). Otherwise the draft's kind says how
+    (`DraftKind.assisted`: prompt lookup as `prompt_lookup_num_tokens=γ`, a lean draft as its HF-forward copy),
+    or a draft that is an HF model with `generate` is the assistant itself.
     """
-    from hfspec.drafts import make_draft, registry
+    from hfspec.drafts import registry
 
     if assistant is not None:
         if not callable(getattr(assistant, "generate", None)):
@@ -39,15 +38,12 @@ def hf_assisted(target, draft, gamma: int, assistant=None) -> tuple[dict, str]:
         return {"assistant_model": assistant}, f"the given {type(assistant).__name__}"
     spec = getattr(draft, "hfspec_draft_spec", None)
     parsed = registry.parse(spec) if spec else None
-    if parsed is not None and parsed.kind == "lookup":
-        ngram = int(parsed.param("ngram"))
-        return ({"prompt_lookup_num_tokens": gamma, "max_matching_ngram_size": ngram},
-                f"prompt_lookup_num_tokens={gamma}, max_matching_ngram_size={ngram}")
+    kind = registry.KINDS.get(parsed.kind) if parsed is not None else None
+    found = kind.assisted(target, draft, parsed, gamma) if kind is not None and kind.assisted else None
+    if found is not None:
+        return found
     if callable(getattr(draft, "generate", None)):
         return {"assistant_model": draft}, f"the draft itself ({spec or type(draft).__name__})"
-    if parsed is not None and parsed.kind == "rtn":
-        eager = registry.DraftSpec("rtn", bits=parsed.bits, group_size=parsed.group_size)  # no compiled step
-        return {"assistant_model": make_draft(target, eager, lean=False)}, f"{eager.label} through the HF forward"
     raise HfspecError(f"draft: {spec or type(draft).__name__} has no HF counterpart for the assisted baseline; "
                       "allowed: pass assistant=<an HF model>, or a draft made by hfspec.make_draft")
 

@@ -175,10 +175,14 @@ class Preset:
 
     @property
     def draft_kind(self) -> str:
-        """"quant" for rtn/bnb drafts (a copy of the target), "sibling" for a model, else the registry's kind
-        name (e.g. "lookup")."""
+        """"quant" for a draft that copies the target (`DraftKind.copies_target`), the model kind's name for a
+        folder or hub id, else the registry's kind name."""
+        from hfspec.drafts import registry
+
         kind = _registered_kind(self.draft)
-        return "sibling" if kind is None else "quant" if kind in ("rtn", "bnb") else kind
+        if kind is None:
+            return registry.model_kind().name
+        return "quant" if kind.copies_target else kind.name
 
     def sampling_kwargs(self) -> dict:
         """Keyword arguments for hfspec.generate / plain_generate (top_k 0 and top_p 1.0 mean off)."""
@@ -224,15 +228,15 @@ class Preset:
         return {k: getattr(self, k) for k in ("name", *ALLOWED_KEYS)} | {"path": str(self.path) if self.path else None}
 
 
-def _registered_kind(spec: str) -> str | None:
-    """The registry's kind of a draft spec that names no model (rtn, bnb, lookup, ...); None for a folder or
-    hub id (a sibling, resolved against the preset's folder). A malformed spec of a kind raises HfspecError."""
+def _registered_kind(spec: str):
+    """The registry's kind of a draft spec that names no model (a `DraftKind`); None for a folder or hub id
+    (resolved against the preset's folder). A malformed spec of a kind raises HfspecError."""
     from hfspec.drafts import registry
 
     text = spec.strip()
     for kind in registry.choices():
-        if kind.name != "sibling" and kind.parse(text, text.lower()) is not None:
-            return kind.name
+        if not kind.names_model and kind.parse(text, text.lower()) is not None:
+            return kind
     return None
 
 

@@ -93,7 +93,7 @@ class RunSettings:
         from hfspec.validate import check_sampling
 
         for name, what in (("target", "a model folder, a hub id (owner/name) or a .gguf file"),
-                           ("draft", "rtnB[-gN], bnb-nf4|fp4|int8, or a sibling folder / hub id"),
+                           ("draft", registry.allowed()),
                            ("prompt", "some text to continue")):
             value = getattr(self, name)
             if not isinstance(value, str) or not (value if name == "prompt" else value.strip()):
@@ -143,9 +143,8 @@ class RunSettings:
 
 def draft_spec(kind: str, bits: int = 4, group: int = 0, bnb_type: str = "nf4", source: str = "",
                **values) -> str:
-    """The spec string for a draft kind and its form values (a thin wrapper over `registry.spec_of`): kind
-    "rtn" -> "rtn4" / "rtn3-g64" (group 0: the default group size), "bnb" -> "bnb-nf4", "sibling" -> the
-    folder / hub id, any other registered kind -> from its own fields in `values`."""
+    """The spec string for a draft kind and its form values (a thin wrapper over `registry.spec_of`); the
+    positional form values are the built-in kinds' fields in order (group 0: the default group size)."""
     values = {"bits": bits, "group": group, "bnb_type": bnb_type, "source": source, **values}
     entry = next((k for k in registry.choices() if k.name == kind), None)
     if entry is not None:
@@ -157,12 +156,13 @@ def draft_spec(kind: str, bits: int = 4, group: int = 0, bnb_type: str = "nf4", 
 
 def split_draft_spec(spec: str) -> dict:
     """The inverse of :func:`draft_spec` (`registry.fields_of`): {"kind": name, field: value, ...}; a spec the
-    registry cannot read (e.g. a folder that is gone) comes back as a sibling source, for the form to show."""
+    registry cannot read (e.g. a folder that is gone) comes back as the model kind's source, for the form to
+    show."""
     try:
         return registry.fields_of(spec.strip())
     except HfspecError:
         values = {f.name: f.default for kind in registry.choices() for f in kind.fields}
-        return values | {"kind": "sibling", "source": spec.strip()}
+        return values | {"kind": registry.model_kind().name, "source": spec.strip()}
 
 
 def context_length(source: str) -> int | None:

@@ -62,7 +62,7 @@ def make_draft(target: nn.Module, spec, **options) -> nn.Module:
         _only(options, set(kind.options), parsed)
     draft = kind.build(target, parsed, options)
     draft.hfspec_draft_spec = parsed.label
-    if parsed.kind in ("rtn", "bnb"):
+    if kind.copies_target:
         warn_if_unfaithful(target, draft)  # a quantised copy far from its target: warn, with the number
     return draft
 

@@ -11,10 +11,12 @@ import logging
 import torch
 from torch import nn
 
+from hfspec.drafts.registry import DraftKind, DraftSpec, Field, fail
 from hfspec.errors import HfspecError
 from hfspec.quant.known_layers import LINEAR, check_forward, layer_kind
 from hfspec.quant.swap import as_linear_weight, copy_skeleton, weight_matrices
 
+BNB_KINDS = ("nf4", "fp4", "int8")
 LLM_INT8_THRESHOLD = 6.0  # BitsAndBytesConfig's default
 
 
@@ -120,3 +122,22 @@ def _check_layer(layer: nn.Module, name: str, bnb_type: str, dtype: torch.dtype)
                           f"{layer.out_features}) on {weight.device.type}: {err}; allowed here: rtn4 "
                           "(or rtn2..rtn8, bnb-int8)") from err
 
+
+
+def _parse(text: str, low: str) -> DraftSpec | None:
+    if not low.startswith("bnb"):
+        return None
+    kind = low[4:] if low[3:4] in "-_" else ""
+    if kind not in BNB_KINDS:
+        raise fail(f"unknown bitsandbytes type {text!r} (allowed: {', '.join('bnb-' + k for k in BNB_KINDS)})")
+    return DraftSpec("bnb", bnb_type=kind)
+
+
+KIND = DraftKind(
+    name="bnb", title="quantised copy (bitsandbytes)", allowed=", ".join("bnb-" + k for k in BNB_KINDS),
+    parse=_parse, build=lambda target, spec, options: make_bnb_draft(target, spec.bnb_type),
+    label=lambda s: f"bnb-{s.bnb_type}",
+    fields=(Field("bnb_type", "type", "nf4", choices=BNB_KINDS),),
+    spec_of=lambda values: f"bnb-{values['bnb_type']}", values=lambda s: {"bnb_type": s.bnb_type},
+    copies_target=True, examples=tuple("bnb-" + k for k in BNB_KINDS),
+)

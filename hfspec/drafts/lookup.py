@@ -24,9 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
-import hfspec.drafts.kinds  # noqa: F401  (the built-in kinds first, so listings keep their order)
 from hfspec.drafts.base import Pick
-from hfspec.drafts.registry import DraftKind, DraftSpec, Field, fail, register
+from hfspec.drafts.registry import DraftKind, DraftSpec, Field, fail
 from hfspec.errors import bad_value
 from hfspec.slots import Slots
 
@@ -160,10 +159,17 @@ def _spec_of(values: dict) -> str:
     return "lookup" if ngram == DEFAULT_NGRAM else f"lookup-n{ngram}"  # checked by parsing it
 
 
-LOOKUP = register(DraftKind(
+def _assisted(target, draft, spec: DraftSpec, gamma: int):
+    ngram = int(spec.param("ngram", DEFAULT_NGRAM))
+    return ({"prompt_lookup_num_tokens": gamma, "max_matching_ngram_size": ngram},
+            f"prompt_lookup_num_tokens={gamma}, max_matching_ngram_size={ngram}")
+
+
+KIND = DraftKind(
     name="lookup", title="prompt lookup (n-gram copy)",
     allowed=f"lookup, lookup-n{NGRAMS[0]}..lookup-n{NGRAMS[1]}",
     parse=_parse, build=_build, label=lambda s: f"lookup-n{s.param('ngram', DEFAULT_NGRAM)}",
     fields=(Field("ngram", "longest n-gram", DEFAULT_NGRAM, low=NGRAMS[0], high=NGRAMS[1]),),
-    spec_of=_spec_of, options=frozenset(), copies_target=True, examples=("lookup", "lookup-n2", "lookup-n5"),
-))
+    spec_of=_spec_of, options=frozenset(), assisted=_assisted, examples=("lookup", "lookup-n2", "lookup-n5"),
+)
+LOOKUP = KIND

@@ -1,9 +1,12 @@
 """The one registry of draft kinds: how a spec string reads, what it is called, how it is built.
 
-Every front end (API, CLI, presets, dashboard) parses, labels, builds and lists drafts through here, so a new
-kind is one `register(DraftKind(...))` call in its own module:
+Every front end (API, CLI, presets, dashboard) parses, labels, builds and lists drafts through here. A kind
+says everything about itself in one module, as its `KIND`:
 
-    register(DraftKind(name="lookup", title="prompt lookup (n-gram copy)", parse=..., build=..., fields=...))
+    KIND = DraftKind(name="lookup", title="prompt lookup (n-gram copy)", parse=..., build=..., fields=...)
+
+and the built-in kinds are the modules listed in `BUILTIN`. A kind defined elsewhere (a plug-in, a test) is
+one `register(DraftKind(...))` call.
 
 A kind's `fields` describe its parameters for forms (the dashboard builds its widgets from them);
 `spec_of(kind, values)` and `fields_of(spec)` convert between a spec string and those values.
@@ -11,6 +14,7 @@ A kind's `fields` describe its parameters for forms (the dashboard builds its wi
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,7 +26,7 @@ from hfspec.errors import HfspecError
 
 @dataclass(frozen=True)
 class DraftSpec:
-    """A parsed draft spec. kind: a registered kind name ("rtn", "bnb", "lookup", "sibling") or "model"."""
+    """A parsed draft spec. kind: a registered kind's name, or "model" for a model object."""
 
     kind: str
     bits: int | None = None
@@ -59,7 +63,16 @@ class Field:
 class DraftKind:
     """A kind of draft. `parse(text, low)` returns a DraftSpec when the text is this kind's (raising HfspecError
     when it is this kind's but malformed) and None when it is not; `build(target, spec, options)` returns the
-    draft model; `options` lists the keyword options `make_draft` passes through."""
+    draft model; `options` lists the keyword options `make_draft` passes through.
+
+    label: the canonical spelling of a parsed spec; fields / spec_of / values: the kind's form (its parameters,
+    a spec string from form values, form values from a parsed spec; default: the spec's params);
+    copies_target: a copy of the target's own weights (make_draft warns when it strays far from the target);
+    names_model: the spec names a model to load (a folder or hub id): tried last, as the catch-all, and given
+    the target's tokenizer to check; assisted(target, draft, spec, gamma): the keyword arguments and a label
+    with which transformers' assisted generation runs this kind (None: the draft model itself as
+    `assistant_model`, when it has `generate`); examples: specs to show and test.
+    """
 
     name: str
     title: str
@@ -69,20 +82,38 @@ class DraftKind:
     label: Callable[[DraftSpec], str]
     fields: tuple[Field, ...] = ()
     spec_of: Callable[[dict], str] | None = None
+    values: Callable[[DraftSpec], dict] | None = None
     options: frozenset | None = field(default_factory=frozenset)  # None: any option goes to `build`
-    copies_target: bool = True  # built from the target's own weights (no tokenizer check needed)
+    copies_target: bool = False
+    names_model: bool = False
+    assisted: Callable[..., tuple[dict, str] | None] | None = None
     examples: tuple[str, ...] = ()
 
+
+# The modules of the built-in kinds, each defining `KIND`, in display order (a kind naming a model goes last).
+BUILTIN = ("hfspec.drafts.rtn", "hfspec.drafts.bnb", "hfspec.drafts.lookup", "hfspec.drafts.sibling")
 
 KINDS: dict[str, DraftKind] = {}
 
 
 def register(kind: DraftKind) -> DraftKind:
-    """Add a draft kind (the sibling kind is always tried last, as the catch-all for folders and hub ids)."""
+    """Add a draft kind after the built-in ones (kinds that name a model stay last: they catch every folder
+    and hub id)."""
+    _ensure_builtin()
     KINDS[kind.name] = kind
-    if "sibling" in KINDS and kind.name != "sibling":
-        KINDS["sibling"] = KINDS.pop("sibling")
+    for name in [k.name for k in KINDS.values() if k.names_model and k.name != kind.name]:
+        KINDS[name] = KINDS.pop(name)
     return kind
+
+
+def unregister(name: str) -> None:
+    """Remove a kind added by `register`."""
+    KINDS.pop(name, None)
+
+
+def model_kind() -> DraftKind:
+    """The kind whose specs name a model to load (a folder or hub id)."""
+    return next(k for k in choices() if k.names_model)
 
 
 def allowed() -> str:
@@ -145,12 +176,9 @@ def fields_of(spec: str) -> dict:
     for kind in KINDS.values():
         for f in kind.fields:
             out.setdefault(f.name, f.default)
-    if parsed.kind == "rtn":
-        out.update(bits=parsed.bits, group=parsed.group_size)
-    elif parsed.kind == "bnb":
-        out.update(bnb_type=parsed.bnb_type)
-    elif parsed.kind == "sibling":
-        out.update(source=str(parsed.source))
+    kind = KINDS.get(parsed.kind)
+    if kind is not None and kind.values is not None:
+        out.update(kind.values(parsed))
     out.update(dict(parsed.params))
     return out
 
@@ -159,8 +187,15 @@ _LOADED = False
 
 
 def _ensure_builtin() -> None:
-    """Import the modules that register the built-in kinds (once)."""
+    """Register the built-in kinds (once), in `BUILTIN`'s order, ahead of any kind registered later."""
     global _LOADED
-    if not _LOADED:
-        _LOADED = True
-        import hfspec.drafts.kinds  # noqa: F401
+    if _LOADED:
+        return
+    _LOADED = True
+    added = dict(KINDS)
+    KINDS.clear()
+    for module in BUILTIN:
+        kind = importlib.import_module(module).KIND
+        KINDS[kind.name] = kind
+    for kind in added.values():
+        register(kind)

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 
 from torch import nn
 
+from hfspec.drafts.registry import DraftKind, DraftSpec, Field, fail
 from hfspec.errors import HfspecError
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # owner/name
 
 
 def check_same_tokenizer(tok_a, tok_b) -> None:
@@ -99,3 +103,24 @@ def _float_dtype(model: nn.Module):
 def _device_name(model: nn.Module) -> str:
     device = next((p.device for p in model.parameters() if p.device.type != "meta"), None)
     return str(device) if device is not None else "cpu"
+
+
+def _parse(text: str, low: str) -> DraftSpec | None:
+    path = os.path.expanduser(text)
+    if os.path.exists(path):
+        return DraftSpec("sibling", source=path)
+    if _HUB_ID.fullmatch(text):
+        return DraftSpec("sibling", source=text)
+    if text.startswith((".", "/", "~")) or "/" in text or os.sep in text:
+        raise fail(f"folder {text!r} not found")
+    return None
+
+
+KIND = DraftKind(
+    name="sibling", title="smaller sibling model", allowed="a model folder / hub id",
+    parse=_parse, build=lambda target, spec, options: load_sibling(target, spec.source, **options),
+    label=lambda s: str(s.source),
+    fields=(Field("source", "folder or hub id", "", text=True),),
+    spec_of=lambda values: str(values.get("source", "")).strip(), values=lambda s: {"source": str(s.source)},
+    options=None, names_model=True,
+)

@@ -1,0 +1,113 @@
+"""The RTN draft kind: a round-to-nearest copy of the target in groups (`rtn4`, `rtn3-g64`, `rtn4-compiled`).
+
+It takes a lean decode step of its own where the family allows it (`hfspec.drafts.lean`, optionally compiled by
+`hfspec.drafts.compiled`), else the HF forward over swapped quantised modules (any architecture).
+"""
+
+from __future__ import annotations
+
+import re
+
+from torch import nn
+
+from hfspec.drafts.registry import DraftKind, DraftSpec, Field, fail
+from hfspec.errors import HfspecError
+
+DEFAULT_GROUP_SIZE = 32
+RTN_BITS = (2, 8)
+GROUP_SIZES = (8, 8192)
+STEPS = ("eager", "compiled")  # how an RTN draft's lean one-token step runs
+_RTN = re.compile(r"rtn(\d+)(?:-g(\d+))?(-compiled)?")
+
+
+def make_rtn_draft(target: nn.Module, bits: int, group_size: int, fused: bool | None = None,
+                   lean: bool | None = None, compiled: bool = False, progress=None) -> nn.Module:
+    """RTN copy of `target` at `bits` in groups of `group_size`.
+
+    lean: None (default) takes the lean step (`hfspec.drafts.lean`) when the family is supported and the weights
+    are on the CPU; True requires it (error naming why not); False keeps the HF forward. fused applies to the
+    HF-forward path only (the int4 kernel where a layer allows it). compiled: also compile the lean one-token
+    step (`hfspec.drafts.compiled`; needs the lean step), reporting through `progress(message)`.
+    """
+    from hfspec.drafts.lean import LeanDecoder, lean_reason
+    from hfspec.quant.swap import quantize_model
+
+    if compiled and (lean is False or fused is not None):
+        raise HfspecError("draft options: a compiled step needs the lean step; allowed: compiled drafts without "
+                          "lean=False or fused")
+    if lean is not False and fused is None:
+        why = lean_reason(target)
+        if why is None:
+            draft = LeanDecoder(target, bits, group_size)
+            if compiled:
+                draft.compile_step(progress)
+            return draft
+        if compiled:
+            raise HfspecError(f"draft: a compiled step needs the lean step, which {type(target).__name__} cannot "
+                              f"take ({why}); allowed: the eager draft (drop '-compiled')")
+        if lean:
+            raise HfspecError(f"draft option lean=True: {type(target).__name__} cannot take the lean step ({why}); "
+                              "allowed: lean=None or lean=False (the Hugging Face forward)")
+    elif lean and fused is not None:
+        raise HfspecError("draft options: fused applies to the Hugging Face forward only; allowed: lean=True "
+                          "without fused, or fused with lean=False")
+    return quantize_model(target, bits, group_size, fused=fused)
+
+
+def _parse(text: str, low: str) -> DraftSpec | None:
+    if not low.startswith("rtn"):
+        return None
+    match = _RTN.fullmatch(low)
+    if not match:
+        raise fail(f"cannot read {text!r} (write rtnB, rtnB-gN, optionally ending in -compiled, e.g. rtn4, "
+                   "rtn3-g64, rtn4-compiled)")
+    bits = int(match.group(1))
+    if not RTN_BITS[0] <= bits <= RTN_BITS[1]:
+        raise fail(f"bits must be {RTN_BITS[0]}..{RTN_BITS[1]}, got {bits}")
+    group = int(match.group(2)) if match.group(2) else DEFAULT_GROUP_SIZE
+    if not GROUP_SIZES[0] <= group <= GROUP_SIZES[1]:
+        raise fail(f"group size must be {GROUP_SIZES[0]}..{GROUP_SIZES[1]}, got {group}")
+    return DraftSpec("rtn", bits=bits, group_size=group, params=(("step", "compiled"),) if match.group(3) else ())
+
+
+def _step_suffix(step: str) -> str:
+    """How a spec string ends for a step: "-compiled" or nothing."""
+    return "-compiled" if step == "compiled" else ""
+
+
+def _build(target, spec: DraftSpec, options: dict):
+    return make_rtn_draft(target, spec.bits, spec.group_size, compiled=spec.param("step") == "compiled", **options)
+
+
+def _spec_of(values: dict) -> str:
+    group = int(values.get("group") or DEFAULT_GROUP_SIZE)
+    step = values.get("step") or STEPS[0]
+    if step not in STEPS:
+        raise fail(f"step must be one of {', '.join(STEPS)}, got {step!r}")
+    return f"rtn{int(values['bits'])}" + (f"-g{group}" if group != DEFAULT_GROUP_SIZE else "") + _step_suffix(step)
+
+
+def _label(spec: DraftSpec) -> str:
+    return f"rtn{spec.bits}-g{spec.group_size}" + _step_suffix(spec.param("step", STEPS[0]))
+
+
+def _assisted(target, draft, spec: DraftSpec, gamma: int):
+    """A lean draft has no `generate`: HF assisted generation runs its HF-forward copy (without a compiled step)."""
+    if callable(getattr(draft, "generate", None)):
+        return None
+    from hfspec.drafts import make_draft
+
+    eager = DraftSpec("rtn", bits=spec.bits, group_size=spec.group_size)
+    return {"assistant_model": make_draft(target, eager, lean=False)}, f"{eager.label} through the HF forward"
+
+
+KIND = DraftKind(
+    name="rtn", title="quantised copy (RTN)", allowed=f"rtn{RTN_BITS[0]}..rtn{RTN_BITS[1]}[-gN][-compiled]",
+    parse=_parse, build=_build, label=_label,
+    fields=(Field("bits", "bits", 4, low=RTN_BITS[0], high=RTN_BITS[1]),
+            Field("group", "group size", DEFAULT_GROUP_SIZE, choices=(32, 64, 128, 256)),
+            Field("step", "draft step", STEPS[0], choices=STEPS)),
+    spec_of=_spec_of, values=lambda s: {"bits": s.bits, "group": s.group_size},
+    options=frozenset({"fused", "lean", "progress"}), copies_target=True, assisted=_assisted,
+    examples=("rtn4", "rtn3", "rtn8", "rtn4-g64", "rtn4-compiled"),
+)
