@@ -17,6 +17,8 @@ from hfspec.drafts.registry import parse as parse_draft_spec
 from hfspec.drafts.sibling import check_same_tokenizer, check_sibling, load_sibling
 from hfspec.errors import HfspecError
 
+registry.load_builtin()
+
 __all__ = [
     "ALLOWED",
     "CostReport",

@@ -186,8 +186,13 @@ def fields_of(spec: str) -> dict:
 _LOADED = False
 
 
+def load_builtin() -> None:
+    """Register the built-in kinds (once), in `BUILTIN`'s order, ahead of any kind registered earlier;
+    `hfspec.drafts` calls it on import."""
+    _ensure_builtin()
+
+
 def _ensure_builtin() -> None:
-    """Register the built-in kinds (once), in `BUILTIN`'s order, ahead of any kind registered later."""
     global _LOADED
     if _LOADED:
         return
