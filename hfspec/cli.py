@@ -168,7 +168,7 @@ def cmd_run(args) -> int:
     print(result.prompt_text + report.coloured_text(result.pieces, colour))
     print()
     print(report.legend(colour))
-    print("\n".join(report.stats_lines(result.stats, result.baseline, result.measured_speedup)))
+    print("\n".join(report.stats_lines(result.stats, result.baseline, result.measured_speedup, result.measurement)))
     return 0
 
 

@@ -184,45 +184,37 @@ class Preset:
             return registry.model_kind().name
         return "quant" if kind.copies_target else kind.name
 
+    def settings(self, **overrides):
+        """The preset as `hfspec.session.RunSettings` (the one description of a run), then `overrides`."""
+        from hfspec.session import RunSettings
+
+        values = dict(target=self.target, draft=self.draft, gamma=self.gamma, temperature=float(self.temperature),
+                      top_k=int(self.top_k), top_p=float(self.top_p), max_new_tokens=int(self.max_new_tokens),
+                      seed=int(self.seed), prompt=self.prompt, preset=self.name, chat=bool(self.chat),
+                      ignore_eos=bool(self.ignore_eos))
+        return RunSettings(**(values | overrides))
+
     def sampling_kwargs(self) -> dict:
         """Keyword arguments for hfspec.generate / plain_generate (top_k 0 and top_p 1.0 mean off)."""
-        return {
-            "gamma": self.gamma,
-            "temperature": float(self.temperature),
-            "top_k": int(self.top_k),  # 0 passed as 0: None would leave transformers' default top-k of 50
-            "top_p": float(self.top_p),
-            "max_new_tokens": self.max_new_tokens,
-            "seed": self.seed,
-        } | ({"min_new_tokens": self.max_new_tokens} if self.ignore_eos else {})
+        return self.settings().generate_kwargs()
 
     def encode_prompt(self, tokenizer, prompt: str | None = None):
         """Token ids [1, n] for ``prompt`` (default: the preset's), chat-templated when ``chat`` is set."""
-        text = self.prompt if prompt is None else prompt
-        if self.chat and getattr(tokenizer, "chat_template", None):
-            ids = tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt",
-                return_dict=True,
-            )["input_ids"]
-            return ids
-        return tokenizer(text, return_tensors="pt").input_ids
+        from hfspec.session import encode_prompt
+
+        return encode_prompt(self.settings(**({} if prompt is None else {"prompt": prompt})), tokenizer)
 
     def build(self, progress=None, dtype=None, device=None):
         """Load the target and its tokenizer, then build the draft: returns (target, draft, tokenizer)."""
-        from hfspec import make_draft
         from hfspec.loading import load_model, load_tokenizer
+        from hfspec.session import build_draft
 
         say = progress if callable(progress) else None
         if say:
             say(f"preset {self.name}: target {self.target}, draft {self.draft}")
         target = load_model(self.target, dtype=dtype, device=device, progress=progress, role="target")
         tokenizer = load_tokenizer(self.target, role="target")
-        if say:
-            say(f"building draft {self.draft}…")
-        if _registered_kind(self.draft) is not None:
-            draft = make_draft(target, self.draft)
-        else:
-            draft = make_draft(target, self.draft, target_tokenizer=tokenizer, progress=progress)
-        return target, draft, tokenizer
+        return target, build_draft(target, self.draft, tokenizer, say), tokenizer
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in ("name", *ALLOWED_KEYS)} | {"path": str(self.path) if self.path else None}

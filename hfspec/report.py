@@ -29,10 +29,12 @@ STOP_WORDS = {"eos": "EOS", "max_tokens": "max new tokens", "stop_criteria": "st
               "user": "stopped by the user", "mixed": "rows ended differently"}
 
 
-def stats_lines(stats: SpecStats, baseline=None, measured_speedup: float | None = None) -> list[str]:
+def stats_lines(stats: SpecStats, baseline=None, measured_speedup: float | None = None,
+                measurement=None) -> list[str]:
     """The numbers of one run, one per line. The estimate uses the measured c_time; the bytes-based figure is
     the weight-bound ideal. `baseline` (`hfspec.session.Baseline`) and `measured_speedup`
-    (`RunResult.measured_speedup`) add the measured speed-up line."""
+    (`RunResult.measured_speedup`) add the measured speed-up line; `measurement` (`hfspec.measure.Measurement`)
+    adds how rough it is and how busy the machine was."""
     s = stats
     lines = [
         f"γ                        {s.gamma} (mean {s.mean_gamma:.2f})",
@@ -55,9 +57,23 @@ def stats_lines(stats: SpecStats, baseline=None, measured_speedup: float | None 
     if baseline is not None and measured_speedup:
         plain = baseline.tokens_per_second
         median = f"median of {baseline.pairs} alternating pairs, " if baseline.pairs > 1 else ""
-        lines.append(f"measured speed-up        {measured_speedup:.2f}× ({median}{baseline.new_tokens} tokens, "
-                     f"speculative {measured_speedup * plain:.1f} tok/s, plain decoding {plain:.1f} tok/s)")
+        lines.append(f"measured speed-up        {measured_speedup:.2f}×{_roughness(measurement)} ({median}"
+                     f"{baseline.new_tokens} tokens, speculative {measured_speedup * plain:.1f} tok/s, plain "
+                     f"decoding {plain:.1f} tok/s{_machine(measurement)})")
     return lines
+
+
+def _roughness(measurement) -> str:
+    if measurement is None or not measurement.rough:
+        return ""
+    return f" (rough: {measurement.pairs} pair{'s' if measurement.pairs != 1 else ''})"
+
+
+def _machine(measurement) -> str:
+    if measurement is None:
+        return ""
+    load = f", load {measurement.load_avg:.2f}" if measurement.load_avg is not None else ""
+    return f"; {measurement.threads} torch thread{'s' if measurement.threads != 1 else ''}{load}"
 
 
 def _ratios(accepted: list[int], checked: list[int]) -> str:
@@ -82,11 +98,14 @@ def _fmt(value) -> str:
 
 
 def write_csv(rows: list[dict], path: str | Path) -> None:
+    """Rows of dicts as CSV (UTF-8), columns from the first row; no rows: an empty file. The one CSV writer
+    (CLI and dashboard exports)."""
     rows = list(rows)
-    with open(path, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else [])
-        writer.writeheader()
-        writer.writerows(rows)
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        if rows:
+            writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
 
 
 def dumps(data) -> str:

@@ -20,7 +20,6 @@ at its own rate).
 from __future__ import annotations
 
 import json
-import statistics
 import threading
 import time
 from collections import deque
@@ -30,6 +29,7 @@ from pathlib import Path
 
 from hfspec.drafts import registry
 from hfspec.errors import HfspecError
+from hfspec.measure import Measurement, measure_speedup
 from hfspec.stats import SpecStats, estimated_speedup, expected_tokens_per_pass
 from hfspec.sweep import SweepRow, plain_run
 from hfspec.sweep import sweep as run_sweep
@@ -78,13 +78,7 @@ class RunSettings:
         """Settings filled from a preset (name or .toml path), then `overrides`."""
         from hfspec.presets import load_preset
 
-        p = load_preset(name)
-        values = dict(target=p.target, draft=p.draft, gamma=p.gamma, temperature=float(p.temperature),
-                      top_k=int(p.top_k), top_p=float(p.top_p), max_new_tokens=int(p.max_new_tokens),
-                      seed=int(p.seed), prompt=p.prompt, preset=p.name, chat=bool(p.chat),
-                      ignore_eos=bool(p.ignore_eos))
-        values.update(overrides)
-        return cls(**values)
+        return load_preset(name).settings(**overrides)
 
     def validated(self) -> RunSettings:
         """Self, after checking every field's type and range (HfspecError naming the field and what is allowed)."""
@@ -286,6 +280,17 @@ class Baseline:
     time_total: float
     speculative_time: float | None = None
     pairs: int = 1  # (speculative, plain) pairs timed, alternating; the times are their medians
+    stats: SpecStats | None = field(default=None, repr=False, compare=False)  # the plain run (one pair)
+
+    @classmethod
+    def of(cls, measured: Measurement | None) -> Baseline | None:
+        """The baseline part of a speed-up measurement (median times of its pairs)."""
+        if measured is None:
+            return None
+        n = measured.new_tokens
+        return cls(n, n / measured.plain_tokens_per_second if measured.plain_tokens_per_second else 0.0,
+                   n / measured.speculative_tokens_per_second if measured.speculative_tokens_per_second else None,
+                   measured.pairs)
 
     @property
     def speculative_tokens_per_second(self) -> float | None:
@@ -304,6 +309,7 @@ class RunResult:
     pieces: list[tuple[str, str]]          # (text, kind) per generated token, row 0
     baseline: Baseline | None = None
     series: list[dict] = field(default_factory=list)  # the live numbers, one dict per target pass
+    measurement: Measurement | None = None  # the measured speed-up (`hfspec.measure`), when measured
 
     @property
     def text(self) -> str:
@@ -312,10 +318,30 @@ class RunResult:
     @property
     def measured_speedup(self) -> float | None:
         """Speculative over plain tokens/s, both measured the same way right after the run (no live display)."""
+        if self.measurement is not None:
+            return self.measurement.measured_speedup or None
         if self.baseline is None or not self.baseline.tokens_per_second:
             return None
         speculative = self.baseline.speculative_tokens_per_second or self.stats.tokens_per_second
         return speculative / self.baseline.tokens_per_second
+
+    @property
+    def pairs(self) -> int:
+        """(speculative, plain) pairs behind the measured speed-up (0: not measured)."""
+        return self.measurement.pairs if self.measurement else 0
+
+    @property
+    def rough(self) -> bool:
+        """The measured speed-up comes from fewer than `hfspec.measure.ROUGH_BELOW` pairs."""
+        return self.measurement is not None and self.measurement.rough
+
+    @property
+    def threads(self) -> int | None:
+        return self.measurement.threads if self.measurement else None
+
+    @property
+    def load_avg(self) -> float | None:
+        return self.measurement.load_avg if self.measurement else None
 
     @property
     def stop_reason(self) -> str:
@@ -345,6 +371,10 @@ class RunResult:
             "baseline_time_total": b.time_total if b else None,
             "baseline_tokens_per_second": b.tokens_per_second if b else None,
             "speculative_tokens_per_second_measured": b.speculative_tokens_per_second if b else None,
+            "measured_pairs": self.pairs,
+            "measured_rough": self.rough,
+            "measured_threads": self.threads,
+            "measured_load_avg": self.load_avg,
             "stop_reason": s.stop_reason,
             "stopped": s.stopped,
         }
@@ -457,16 +487,7 @@ class Session:
         target, tokenizer = self.load_target(target_source, progress, should_stop, dtype, device)
         key = (self._target_key(target_source, dtype, device), spec.strip())
         if key not in self._drafts:
-            from hfspec import make_draft
-
-            say = _guarded(progress, should_stop)
-            parsed = registry.parse(spec.strip())
-            say(f"building draft {parsed.label}…")
-            kind = registry.KINDS.get(parsed.kind)
-            options = {"target_tokenizer": tokenizer} if kind and kind.options is None else {}
-            if kind and (kind.options is None or "progress" in kind.options):  # kinds that report while building
-                options["progress"] = say
-            draft = make_draft(target, spec.strip(), **options)
+            draft = build_draft(target, spec, tokenizer, _guarded(progress, should_stop))
             while len(self._drafts) >= self.max_drafts:
                 self._drafts.pop(next(iter(self._drafts)))
             self._drafts[key] = draft
@@ -477,11 +498,7 @@ class Session:
         return (_norm(source), dtype or self.dtype, device or self.device)
 
     def encode(self, settings: RunSettings, tokenizer):
-        if settings.chat and getattr(tokenizer, "chat_template", None):
-            return tokenizer.apply_chat_template([{"role": "user", "content": settings.prompt}],
-                                                 add_generation_prompt=True, return_tensors="pt",
-                                                 return_dict=True)["input_ids"]
-        return tokenizer(settings.prompt, return_tensors="pt").input_ids
+        return encode_prompt(settings, tokenizer)
 
     # -------------------------------------------------------------- running
     def run(self, settings: RunSettings, on_live: Callable[[LiveSnapshot], None] | None = None,
@@ -535,31 +552,31 @@ class Session:
         if settings.measure_baseline and not out.stats.stopped and out.stats.new_tokens:
             if before_measure is not None:
                 before_measure()
-            result.baseline = self._measure(settings, target, draft, ids, out.stats.new_tokens, should_stop, progress)
+            result.measurement = self._measure(settings, target, draft, ids, out.stats.new_tokens, should_stop,
+                                               progress)
+            result.baseline = Baseline.of(result.measurement)
         return result
 
-    def _measure(self, settings: RunSettings, target, draft, ids, n: int, should_stop, progress) -> Baseline | None:
-        """Speculative decoding without the live display and plain decoding of the same n tokens, alternating,
-        up to MEASURE_PAIRS pairs within MEASURE_BUDGET_S; the median times (a single pair on a busy machine
-        can be off by tens of percent)."""
+    def _measure(self, settings: RunSettings, target, draft, ids, n: int, should_stop,
+                 progress) -> Measurement | None:
+        """Speculative decoding without the live display against plain decoding of the same n tokens
+        (`hfspec.measure.measure_speedup`): up to MEASURE_PAIRS alternating pairs within MEASURE_BUDGET_S."""
         import hfspec
 
         fixed = dict(settings.generate_kwargs(), max_new_tokens=n, min_new_tokens=n)
-        spec_times, plain_times = [], []
-        began = time.perf_counter()
-        while len(spec_times) < MEASURE_PAIRS and (not spec_times or time.perf_counter() - began < MEASURE_BUDGET_S):
+
+        def said(i: int) -> None:
             if progress:
-                progress(f"measuring speed-up: pair {len(spec_times) + 1} of up to {MEASURE_PAIRS} "
+                progress(f"measuring speed-up: pair {i + 1} of up to {MEASURE_PAIRS} "
                          f"(speculative and plain decoding of {n} tokens, no live display)…")
-            quiet = hfspec.generate(target, ids, draft=draft, should_stop=should_stop, **fixed).stats
-            plain = self.baseline(settings, n, should_stop)
-            if quiet.stopped or plain is None:
-                break
-            spec_times.append(quiet.time_total)
-            plain_times.append(plain.time_total)
-        if not spec_times:
-            return None
-        return Baseline(n, statistics.median(plain_times), statistics.median(spec_times), len(spec_times))
+
+        def plain(i: int):
+            base = self.baseline(settings, n, should_stop)
+            return None if base is None else base.stats
+
+        return measure_speedup(lambda i: hfspec.generate(target, ids, draft=draft, should_stop=should_stop,
+                                                         **fixed).stats,
+                               plain, pairs=MEASURE_PAIRS, budget_s=MEASURE_BUDGET_S, on_pair=said)
 
     def baseline(self, settings: RunSettings, new_tokens: int | None = None, should_stop: StopCheck | None = None,
                  progress: Progress | None = None) -> Baseline | None:
@@ -574,7 +591,7 @@ class Session:
         stats = plain_run(target, self.encode(settings, tokenizer), n, sampling, seed, should_stop)
         if stats.stopped or not stats.new_tokens:
             return None
-        return Baseline(stats.new_tokens, stats.time_total)
+        return Baseline(stats.new_tokens, stats.time_total, stats=stats)
 
     # -------------------------------------------------------------- sweep and compare (hfspec.sweep)
     def sweep(self, settings: RunSettings, gammas: Iterable[int], drafts: Iterable[str] | None = None,
@@ -642,6 +659,30 @@ class Session:
             if on_row is not None:
                 on_row(row)
         return rows
+
+
+def encode_prompt(settings: RunSettings, tokenizer):
+    """Token ids [1, n] of the settings' prompt, chat-templated when `chat` is set and the tokenizer has one."""
+    if settings.chat and getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template([{"role": "user", "content": settings.prompt}],
+                                             add_generation_prompt=True, return_tensors="pt",
+                                             return_dict=True)["input_ids"]
+    return tokenizer(settings.prompt, return_tensors="pt").input_ids
+
+
+def build_draft(target, spec: str, tokenizer, progress: Progress | None = None):
+    """The draft `spec` for `target`: kinds that take any option (a model to load) get the target's tokenizer
+    to check against; kinds that report while building get `progress`."""
+    from hfspec import make_draft
+
+    parsed = registry.parse(spec.strip())
+    if progress is not None:
+        progress(f"building draft {parsed.label}…")
+    kind = registry.KINDS.get(parsed.kind)
+    options = {"target_tokenizer": tokenizer} if kind and kind.options is None else {}
+    if progress is not None and kind and (kind.options is None or "progress" in kind.options):
+        options["progress"] = progress
+    return make_draft(target, spec.strip(), **options)
 
 
 def _sampling(settings: RunSettings) -> tuple[dict, int]:

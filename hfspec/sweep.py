@@ -1,14 +1,15 @@
 """The one engine behind γ sweeps and draft comparisons (CLI `sweep` / `compare`, the dashboard's tabs).
 
-Each point runs `repeats` seeded pairs: the speculative run and, next to it, plain decoding (the same loop with
-one token per target pass) on the same prompt, seed and sampling. Both make exactly `max_new_tokens` tokens
-(EOS is suppressed with `min_new_tokens` in both), so every ratio compares equal lengths. The baseline of a
-pair is measured right beside its run (the order alternates between repeats), never cached: on a shared
-machine the same baseline drifts by several × within minutes.
+Each point runs `repeats` seeded pairs through `hfspec.measure.measure_speedup` (the one rule the CLI's `run`
+and the dashboard use too): the speculative run and, next to it, plain decoding (the same loop with one token
+per target pass) on the same prompt, seed and sampling. Both make exactly `max_new_tokens` tokens (EOS is
+suppressed with `min_new_tokens` in both), so every ratio compares equal lengths. The baseline of a pair is
+measured right beside its run (the order alternates between pairs), never cached: machine load drifts.
 
-A row pools its repeats (α = Σ accepted / Σ checked, tokens per pass = Σ tokens / Σ passes, speed-up = pooled
-tokens/s over pooled baseline tokens/s) and gives the sample standard deviation over repeats (`*_sd`, None for
-one repeat) for error bars. The estimate uses the measured c_time; `ideal_speedup` the weight-bound c_bytes.
+A row pools its repeats for the draft's statistics (α = Σ accepted / Σ checked, tokens per pass = Σ tokens /
+Σ passes); tokens/s and the measured speed-up are the measurement's medians. `*_sd` is the sample standard
+deviation over repeats (None for one repeat), for error bars. The estimate uses the measured c_time;
+`ideal_speedup` the weight-bound c_bytes.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 import hfspec
+from hfspec.measure import Measurement, measure_speedup
 from hfspec.stats import SpecStats, estimated_speedup, expected_tokens_per_pass
 from hfspec.validate import GAMMA_MAX
 
@@ -27,7 +29,8 @@ FIELDS = [
     "draft", "gamma", "repeats", "alpha", "alpha_sd", "checked", "accepted", "target_passes", "new_tokens",
     "tokens_per_pass", "tokens_per_pass_sd", "expected_tokens_per_pass", "c_bytes", "c_time", "estimated_speedup",
     "estimated_speedup_sd", "ideal_speedup", "tokens_per_second", "baseline_tokens_per_second",
-    "baseline_new_tokens", "measured_speedup", "measured_speedup_sd", "greedy_identical", "fidelity",
+    "baseline_new_tokens", "measured_speedup", "measured_speedup_sd", "greedy_identical", "fidelity", "threads",
+    "load_avg",
 ]
 
 Stop = Callable[[], bool] | None
@@ -61,6 +64,8 @@ class SweepRow:
     measured_speedup_sd: float | None
     greedy_identical: int | None = None
     fidelity: float | None = None     # mean Σ min(p, q) over the prompt's positions, when available
+    threads: int | None = None        # torch threads while measuring
+    load_avg: float | None = None     # the 1-minute load average when measuring started
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -112,34 +117,30 @@ def draft_fidelity(target, draft, input_ids) -> float | None:
 
 def measure_point(target, draft, label: str, gamma, input_ids, sampling: dict, seed: int, repeats: int,
                   greedy_reference: torch.Tensor | None = None, should_stop: Stop = None) -> SweepRow | None:
-    """Pool `repeats` (speculative run, plain run) pairs at one γ; None when stopped. With `greedy_reference`
-    (the target's own greedy output) a temperature-0 run checks token identity."""
+    """`repeats` (speculative run, plain run) pairs at one γ (`measure_speedup`); None when stopped. With
+    `greedy_reference` (the target's own greedy output) a temperature-0 run checks token identity."""
     n = sampling["max_new_tokens"]
     fixed = dict(sampling, min_new_tokens=n)
-    runs, bases = [], []
-    for r in range(repeats):
-        pair = []
-        for plain in ((False, True) if r % 2 == 0 else (True, False)):
-            if plain:
-                stats = plain_run(target, input_ids, n, sampling, seed + r, should_stop)
-            else:
-                stats = hfspec.generate(target, input_ids, draft=draft, gamma=gamma, seed=seed + r,
-                                        should_stop=should_stop, **fixed).stats
-            if stats.stopped:
-                return None
-            pair.append((plain, stats))
-        runs += [s for plain, s in pair if not plain]
-        bases += [s for plain, s in pair if plain]
+
+    def speculative(r: int) -> SpecStats:
+        return hfspec.generate(target, input_ids, draft=draft, gamma=gamma, seed=seed + r, should_stop=should_stop,
+                               **fixed).stats
+
+    measured = measure_speedup(speculative, lambda r: plain_run(target, input_ids, n, sampling, seed + r, should_stop),
+                               pairs=repeats)
+    if measured is None or measured.pairs < repeats:
+        return None
     identical = None
     if greedy_reference is not None:
         greedy = dict(fixed, temperature=0, top_k=None, top_p=None)
         out = hfspec.generate(target, input_ids, draft=draft, gamma=gamma, should_stop=should_stop, **greedy)
         identical = int(torch.equal(out.sequences, greedy_reference))
-    return _row(label, gamma, runs, bases, identical)
+    return _row(label, gamma, measured, identical)
 
 
-def _row(label: str, gamma, runs: list[SpecStats], bases: list[SpecStats], identical) -> SweepRow:
-    pooled, base = _pool(runs), _pool(bases)
+def _row(label: str, gamma, measured: Measurement, identical) -> SweepRow:
+    runs = measured.speculative_runs
+    pooled, base = _pool(runs), _pool(measured.plain_runs)
 
     def g_of(s: SpecStats) -> int:
         return round(s.mean_gamma) if gamma == "auto" else int(gamma)
@@ -147,8 +148,6 @@ def _row(label: str, gamma, runs: list[SpecStats], bases: list[SpecStats], ident
     def est(s: SpecStats) -> float:
         return estimated_speedup(s.alpha, g_of(s), s.c_time) if s.c_time > 0 else 0.0
 
-    ratios = [s.tokens_per_second / b.tokens_per_second if b.tokens_per_second else 0.0
-              for s, b in zip(runs, bases, strict=True)]
     g = g_of(pooled)
     return SweepRow(
         draft=label, gamma=gamma, repeats=len(runs), alpha=pooled.alpha, alpha_sd=_sd([s.alpha for s in runs]),
@@ -158,10 +157,10 @@ def _row(label: str, gamma, runs: list[SpecStats], bases: list[SpecStats], ident
         expected_tokens_per_pass=expected_tokens_per_pass(pooled.alpha, g), c_bytes=pooled.c_bytes,
         c_time=pooled.c_time, estimated_speedup=est(pooled), estimated_speedup_sd=_sd([est(s) for s in runs]),
         ideal_speedup=estimated_speedup(pooled.alpha, g, pooled.c_bytes),
-        tokens_per_second=pooled.tokens_per_second, baseline_tokens_per_second=base.tokens_per_second,
-        baseline_new_tokens=base.new_tokens,
-        measured_speedup=pooled.tokens_per_second / base.tokens_per_second if base.tokens_per_second else 0.0,
-        measured_speedup_sd=_sd(ratios), greedy_identical=identical,
+        tokens_per_second=measured.speculative_tokens_per_second,
+        baseline_tokens_per_second=measured.plain_tokens_per_second, baseline_new_tokens=base.new_tokens,
+        measured_speedup=measured.measured_speedup, measured_speedup_sd=measured.speedup_sd,
+        greedy_identical=identical, threads=measured.threads, load_avg=measured.load_avg,
     )
 
 
