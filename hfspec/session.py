@@ -17,29 +17,39 @@ every target pass; :class:`LiveBuffer` is a thread-safe queue for them (the prod
 at its own rate).
 """
 
+
 from __future__ import annotations
 
-import json
-import threading
-import time
-from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from dataclasses import replace
 
 from hfspec.drafts import registry
 from hfspec.errors import HfspecError
+from hfspec.live import ROLLING_WINDOW, IncrementalDecoder, LiveBuffer, LiveRecorder, LiveSnapshot
 from hfspec.measure import Measurement, measure_speedup
-from hfspec.stats import SpecStats, estimated_speedup, expected_tokens_per_pass
+from hfspec.results import STOP_REASONS, Baseline, CompareRow, RunResult, SweepPoint, SweepResult
+from hfspec.settings import (
+    RunSettings,
+    build_draft,
+    context_length,
+    draft_spec,
+    encode_prompt,
+    parse_list,
+    split_draft_spec,
+)
 from hfspec.sweep import SweepRow, plain_run
 from hfspec.sweep import sweep as run_sweep
-from hfspec.validate import GAMMA_MAX, check_gamma
+from hfspec.validate import GAMMA_MAX
 
-ROLLING_WINDOW = 16  # target passes in the rolling acceptance rate
+__all__ = [
+    "GAMMA_MAX", "MEASURE_BUDGET_S", "MEASURE_PAIRS", "ROLLING_WINDOW", "STOP_REASONS", "Baseline", "Cancelled",
+    "CompareRow", "IncrementalDecoder", "LiveBuffer", "LiveSnapshot", "RunResult", "RunSettings", "Session",
+    "SweepPoint", "SweepResult", "SweepRow", "build_draft", "context_length", "draft_spec", "encode_prompt",
+    "parse_list", "split_draft_spec",
+]
+
 MEASURE_PAIRS = 3  # (speculative, plain) pairs timed after a run for its measured speed-up, medians compared
 MEASURE_BUDGET_S = 10.0  # ... but no new pair starts once measuring has taken this long (one pair at least)
-STOP_REASONS = {"eos": "EOS", "max_tokens": "max tokens", "stop_criteria": "stop string", "user": "user (Stop)",
-                "mixed": "mixed"}
 
 Progress = Callable[[str], None]
 StopCheck = Callable[[], bool]
@@ -50,395 +60,6 @@ class Cancelled(Exception):  # noqa: N818 - it is an outcome, not an error
     """Raised when `should_stop` turns true while models are loading."""
 
 
-# ---------------------------------------------------------------------------------------------- settings
-@dataclass
-class RunSettings:
-    """What the dashboard runs. `preset` names where target/draft came from (informational once filled in);
-    `target` is a folder, hub id or .gguf file; `draft` a spec string ("rtn4", "rtn3-g64", "bnb-int8") or a
-    sibling folder / hub id; top_k 0 and top_p 1.0 mean off; temperature 0 is greedy."""
-
-    target: str = ""
-    draft: str = "rtn4"
-    gamma: int | str = 4
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    max_new_tokens: int = 64
-    seed: int = 1
-    prompt: str = ""
-    preset: str = ""
-    chat: bool = False
-    measure_baseline: bool = True
-    ignore_eos: bool = False  # generate exactly max_new_tokens (EOS masked, as min_new_tokens does)
-    device: str = ""  # "" : the session's default; cpu | cuda | cuda:N | mps | auto
-    dtype: str = ""   # "" : the session's default; float32 | bfloat16 | float16 | auto
-
-    @classmethod
-    def from_preset(cls, name: str, **overrides) -> RunSettings:
-        """Settings filled from a preset (name or .toml path), then `overrides`."""
-        from hfspec.presets import load_preset
-
-        return load_preset(name).settings(**overrides)
-
-    def validated(self) -> RunSettings:
-        """Self, after checking every field's type and range (HfspecError naming the field and what is allowed)."""
-        from hfspec.errors import bad_value
-        from hfspec.loading import parse_device, parse_dtype
-        from hfspec.validate import check_sampling
-
-        for name, what in (("target", "a model folder, a hub id (owner/name) or a .gguf file"),
-                           ("draft", registry.allowed()),
-                           ("prompt", "some text to continue")):
-            value = getattr(self, name)
-            if not isinstance(value, str) or not (value if name == "prompt" else value.strip()):
-                raise bad_value(name, value, what)
-        check_gamma(self.gamma)
-        for name in ("temperature", "top_k", "top_p"):  # None is "off" for the API, not a settings value
-            if getattr(self, name) is None:
-                raise bad_value(name, None, {"temperature": "a number >= 0", "top_k": "an integer >= 0 (0 is off)",
-                                             "top_p": "a number in (0, 1] (1 is off)"}[name])
-        check_sampling(self.temperature, self.top_k, self.top_p)
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise bad_value("max_new_tokens", self.max_new_tokens, "an integer >= 1")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**64:
-            raise bad_value("seed", self.seed, "an integer from 0 to 2**64 - 1")
-        for name in ("chat", "measure_baseline", "ignore_eos"):
-            if not isinstance(getattr(self, name), bool):
-                raise bad_value(name, getattr(self, name), "True or False")
-        for name, parse in (("device", parse_device), ("dtype", parse_dtype)):
-            value = getattr(self, name)
-            if not isinstance(value, str):
-                raise bad_value(name, value, "a string (empty for the session's default)")
-            if value:
-                parse(value, role="settings")
-        return self
-
-    def sampling_kwargs(self) -> dict:
-        """Keyword arguments of hfspec.plain_generate (and of hfspec.generate, with `gamma` added)."""
-        return {
-            "temperature": float(self.temperature),
-            "top_k": int(self.top_k),  # 0 passed as 0: None would leave transformers' default top-k of 50
-            "top_p": float(self.top_p),
-            "max_new_tokens": int(self.max_new_tokens),
-            "seed": int(self.seed),
-        } | ({"min_new_tokens": int(self.max_new_tokens)} if self.ignore_eos else {})
-
-    def generate_kwargs(self) -> dict:
-        return {"gamma": self.gamma, **self.sampling_kwargs()}
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> RunSettings:
-        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        return cls(**known)
-
-
-def draft_spec(kind: str, bits: int = 4, group: int = 0, bnb_type: str = "nf4", source: str = "",
-               **values) -> str:
-    """The spec string for a draft kind and its form values (a thin wrapper over `registry.spec_of`); the
-    positional form values are the built-in kinds' fields in order (group 0: the default group size)."""
-    values = {"bits": bits, "group": group, "bnb_type": bnb_type, "source": source, **values}
-    entry = next((k for k in registry.choices() if k.name == kind), None)
-    if entry is not None:
-        for f in entry.fields:
-            if f.text and not str(values.get(f.name, "")).strip():
-                raise HfspecError(f"draft {kind} {f.title}: empty; allowed: {entry.allowed}")
-    return registry.spec_of(kind, values)
-
-
-def split_draft_spec(spec: str) -> dict:
-    """The inverse of :func:`draft_spec` (`registry.fields_of`): {"kind": name, field: value, ...}; a spec the
-    registry cannot read (e.g. a folder that is gone) comes back as the model kind's source, for the form to
-    show."""
-    try:
-        return registry.fields_of(spec.strip())
-    except HfspecError:
-        values = {f.name: f.default for kind in registry.choices() for f in kind.fields}
-        return values | {"kind": registry.model_kind().name, "source": spec.strip()}
-
-
-def context_length(source: str) -> int | None:
-    """The positions a local model folder's config allows (max_position_embeddings, n_positions, ...); None
-    when unknown (hub ids, .gguf files, folders without config.json)."""
-    path = Path(str(source).strip()).expanduser() / "config.json"
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    for cfg in (config, config.get("text_config") or {}):
-        for key in ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length"):
-            if isinstance(cfg.get(key), int) and cfg[key] > 0:
-                return cfg[key]
-    return None
-
-
-def parse_list(text: str) -> list[str]:
-    """Drafts (or 'target | draft' pairs) from a comma- or newline-separated list."""
-    items = []
-    for line in text.replace(",", "\n").splitlines():
-        if line.strip():
-            items.append(line.strip())
-    return items
-
-
-# --------------------------------------------------------------------------------------------- live data
-@dataclass
-class LiveSnapshot:
-    """What a live view needs after one target pass (copied: safe to hand to another thread)."""
-
-    round_index: int
-    gamma: int
-    accepted: int                 # draft tokens accepted this pass (row 0)
-    checked: int                  # draft tokens checked this pass (all rows)
-    committed: int                # tokens added this pass (all rows)
-    alpha: float                  # cumulative acceptance rate
-    rolling_alpha: float          # acceptance rate over the last ROLLING_WINDOW passes
-    tokens_per_pass: float        # cumulative
-    expected_tokens_per_pass: float  # (1 − α^(γ+1)) / (1 − α) with the cumulative α and mean γ
-    estimated_speedup: float      # expected tokens per pass / (1 + γc)
-    measured_speedup: float | None  # tokens/s now over the cached baseline's tokens/s
-    c: float                      # draft bytes / target bytes
-    c_time: float                 # measured draft forward time / target forward time
-    elapsed: float
-    new_tokens: int
-    accepted_by_position: list[int]
-    checked_by_position: list[int]
-    pieces: list[tuple[str, str]]  # (text, kind) of this pass's tokens, row 0
-
-
-class LiveBuffer:
-    """A bounded, lock-protected queue of snapshots: the worker pushes every pass, the GUI drains at ~20 Hz."""
-
-    def __init__(self, maxlen: int = 100_000):
-        self._items: deque = deque(maxlen=maxlen)
-        self._lock = threading.Lock()
-
-    def push(self, item) -> None:
-        with self._lock:
-            self._items.append(item)
-
-    def drain(self) -> list:
-        with self._lock:
-            items = list(self._items)
-            self._items.clear()
-        return items
-
-    def clear(self) -> None:
-        with self._lock:
-            self._items.clear()
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._items)
-
-
-class IncrementalDecoder:
-    """Turns generated ids into text pieces, one per token, decoding with the prompt as context (so spaces
-    and multi-byte characters come out as the full decode shows them)."""
-
-    def __init__(self, tokenizer, prompt_ids: list[int]):
-        self.tokenizer = tokenizer
-        self.ids = list(prompt_ids)
-        self.text = self._decode(self.ids)
-
-    def _decode(self, ids) -> str:
-        if self.tokenizer is None:
-            return " ".join(map(str, ids))
-        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
-    def add(self, ids: Iterable[int]) -> list[str]:
-        pieces = []
-        for token in ids:
-            self.ids.append(int(token))
-            text = self._decode(self.ids)
-            common = len(self.text) if text.startswith(self.text) else _common_prefix(self.text, text)
-            pieces.append(text[common:])
-            self.text = text
-        return pieces
-
-
-def _common_prefix(a: str, b: str) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-# ------------------------------------------------------------------------------------------------ results
-@dataclass
-class Baseline:
-    """Plain decoding of exactly the run's token count (same prompt, seed and sampling; EOS suppressed until
-    then), measured right after the run: the measured speed-up's denominator. `speculative_time`: the same
-    speculative decoding of the same tokens timed beside it without live callbacks (a live display slows the
-    run it watches, and the plain run has none), the numerator; None when only the plain run was measured."""
-
-    new_tokens: int
-    time_total: float
-    speculative_time: float | None = None
-    pairs: int = 1  # (speculative, plain) pairs timed, alternating; the times are their medians
-    stats: SpecStats | None = field(default=None, repr=False, compare=False)  # the plain run (one pair)
-
-    @classmethod
-    def of(cls, measured: Measurement | None) -> Baseline | None:
-        """The baseline part of a speed-up measurement (median times of its pairs)."""
-        if measured is None:
-            return None
-        n = measured.new_tokens
-        return cls(n, n / measured.plain_tokens_per_second if measured.plain_tokens_per_second else 0.0,
-                   n / measured.speculative_tokens_per_second if measured.speculative_tokens_per_second else None,
-                   measured.pairs)
-
-    @property
-    def speculative_tokens_per_second(self) -> float | None:
-        return self.new_tokens / self.speculative_time if self.speculative_time else None
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.new_tokens / self.time_total if self.time_total else 0.0
-
-
-@dataclass
-class RunResult:
-    settings: RunSettings
-    stats: SpecStats
-    prompt_text: str
-    pieces: list[tuple[str, str]]          # (text, kind) per generated token, row 0
-    baseline: Baseline | None = None
-    series: list[dict] = field(default_factory=list)  # the live numbers, one dict per target pass
-    measurement: Measurement | None = None  # the measured speed-up (`hfspec.measure`), when measured
-
-    @property
-    def text(self) -> str:
-        return "".join(p for p, _ in self.pieces)
-
-    @property
-    def measured_speedup(self) -> float | None:
-        """Speculative over plain tokens/s, both measured the same way right after the run (no live display)."""
-        if self.measurement is not None:
-            return self.measurement.measured_speedup or None
-        if self.baseline is None or not self.baseline.tokens_per_second:
-            return None
-        speculative = self.baseline.speculative_tokens_per_second or self.stats.tokens_per_second
-        return speculative / self.baseline.tokens_per_second
-
-    @property
-    def pairs(self) -> int:
-        """(speculative, plain) pairs behind the measured speed-up (0: not measured)."""
-        return self.measurement.pairs if self.measurement else 0
-
-    @property
-    def rough(self) -> bool:
-        """The measured speed-up comes from fewer than `hfspec.measure.ROUGH_BELOW` pairs."""
-        return self.measurement is not None and self.measurement.rough
-
-    @property
-    def threads(self) -> int | None:
-        return self.measurement.threads if self.measurement else None
-
-    @property
-    def load_avg(self) -> float | None:
-        return self.measurement.load_avg if self.measurement else None
-
-    @property
-    def stop_reason(self) -> str:
-        """Why the run ended, for people: "EOS", "max tokens", "stop string", "user (Stop)" ("" unknown)."""
-        return STOP_REASONS.get(self.stats.stop_reason, self.stats.stop_reason)
-
-    def summary(self) -> dict:
-        """The numbers the dashboard shows (and exports)."""
-        s, b = self.stats, self.baseline
-        return {
-            "draft": self.settings.draft,
-            "gamma": s.mean_gamma,
-            "alpha": s.alpha,
-            "checked": s.checked,
-            "tokens_per_pass": s.tokens_per_pass,
-            "expected_tokens_per_pass": s.expected_tokens_per_pass,
-            "c": s.c_bytes,
-            "c_time": s.c_time,
-            "estimated_speedup": s.estimated_speedup,
-            "ideal_speedup": s.ideal_speedup,
-            "measured_speedup": self.measured_speedup,
-            "target_passes": s.target_passes,
-            "new_tokens": s.new_tokens,
-            "time_total": s.time_total,
-            "tokens_per_second": s.tokens_per_second,
-            "baseline_new_tokens": b.new_tokens if b else None,
-            "baseline_time_total": b.time_total if b else None,
-            "baseline_tokens_per_second": b.tokens_per_second if b else None,
-            "speculative_tokens_per_second_measured": b.speculative_tokens_per_second if b else None,
-            "measured_pairs": self.pairs,
-            "measured_rough": self.rough,
-            "measured_threads": self.threads,
-            "measured_load_avg": self.load_avg,
-            "stop_reason": s.stop_reason,
-            "stopped": s.stopped,
-        }
-
-    def to_dict(self) -> dict:
-        return {
-            "settings": self.settings.to_dict(),
-            "summary": self.summary(),
-            "stats": self.stats.to_dict(),
-            "prompt": self.prompt_text,
-            "text": self.text,
-            "token_kinds": [k for _, k in self.pieces],
-            "series": self.series,
-        }
-
-
-SweepPoint = SweepRow  # the dashboard's name for one sweep row (hfspec.sweep's)
-
-
-@dataclass
-class SweepResult:
-    settings: RunSettings | None
-    gammas: list[int]
-    points: list[SweepRow] = field(default_factory=list)
-    repeats: int = 1
-    stopped: bool = False
-
-    def drafts(self) -> list[str]:
-        return list(dict.fromkeys(p.draft for p in self.points))
-
-    def pooled(self, draft: str) -> dict:
-        """α of one draft pooled over its γ points (Σ accepted / Σ checked), and its mean c_time and c_bytes."""
-        pts = [p for p in self.points if p.draft == draft]
-        if not pts:
-            return {"alpha": 0.0, "c_time": 0.0, "c_bytes": 0.0}
-        checked = sum(p.checked for p in pts)
-        return {"alpha": sum(p.accepted for p in pts) / checked if checked else 0.0,
-                "c_time": sum(p.c_time for p in pts) / len(pts), "c_bytes": pts[0].c_bytes}
-
-    def curve(self, draft: str, gammas: Iterable[float] | None = None) -> dict[str, list[float]]:
-        """The formula over γ from the pooled α: tokens per pass, the estimate (c_time), the ideal (c_bytes)."""
-        pooled = self.pooled(draft)
-        alpha = pooled["alpha"]
-        gs = list(gammas) if gammas is not None else list(range(1, max(self.gammas) + 1))
-        return {
-            "gamma": gs,
-            "tokens_per_pass": [expected_tokens_per_pass(alpha, g) for g in gs],
-            "estimated_speedup": [estimated_speedup(alpha, g, pooled["c_time"]) for g in gs],
-            "ideal_speedup": [estimated_speedup(alpha, g, pooled["c_bytes"]) for g in gs],
-        }
-
-    def rows(self) -> list[dict]:
-        return [p.to_dict() for p in self.points]
-
-
-@dataclass
-class CompareRow(SweepRow):
-    """A sweep row at the settings' γ, with the entry as written and the target it ran on."""
-
-    label: str = ""
-    target: str = ""
-
-
-# ------------------------------------------------------------------------------------------------ session
 class Session:
     """Loads and caches models (targets, tokenizers, drafts); runs the engine. Baselines are measured anew for
     every run and every sweep point, beside it.
@@ -512,43 +133,12 @@ class Session:
         settings.validated()
         target, draft, tokenizer = self.load(settings, progress, should_stop)
         ids = self.encode(settings, tokenizer)
-        decoder = IncrementalDecoder(tokenizer, ids[0].tolist())
-        pieces: list[tuple[str, str]] = []
-        series: list[dict] = []
-        window: deque = deque(maxlen=ROLLING_WINDOW)
-        last = {"checked": 0, "new": 0}
-        start = time.perf_counter()
-
-        def on_round(event) -> None:
-            s = event.stats
-            checked, committed = s.checked - last["checked"], s.new_tokens - last["new"]
-            last.update(checked=s.checked, new=s.new_tokens)
-            row0 = event.rows.index(0) if event.rows and 0 in event.rows else (0 if not event.rows else None)
-            new = []
-            if row0 is not None and row0 < len(event.new_tokens):
-                new = list(zip(decoder.add(event.new_tokens[row0]), event.kinds[row0], strict=True))
-                pieces.extend(new)
-            accepted = sum(event.accepted)
-            window.append((accepted, checked))
-            win_checked = sum(k for _, k in window)
-            snapshot = LiveSnapshot(
-                round_index=event.round_index, gamma=int(event.gamma), accepted=accepted, checked=checked,
-                committed=committed, alpha=s.alpha,
-                rolling_alpha=sum(a for a, _ in window) / win_checked if win_checked else 0.0,
-                tokens_per_pass=s.tokens_per_pass, expected_tokens_per_pass=s.expected_tokens_per_pass,
-                estimated_speedup=s.estimated_speedup, measured_speedup=None, c=s.c_bytes, c_time=s.c_time,
-                elapsed=time.perf_counter() - start, new_tokens=s.new_tokens,
-                accepted_by_position=list(s.accepted_by_position),
-                checked_by_position=list(s.checked_by_position), pieces=new)
-            series.append(_series_row(snapshot))
-            if on_live is not None:
-                on_live(snapshot)
-
-        out = hfspec.generate(target, ids, draft=draft, on_round=on_round, should_stop=should_stop,
+        live = LiveRecorder(IncrementalDecoder(tokenizer, ids[0].tolist()), on_live)
+        out = hfspec.generate(target, ids, draft=draft, on_round=live, should_stop=should_stop,
                               **settings.generate_kwargs())
         prompt_text = tokenizer.decode(ids[0], skip_special_tokens=True)
-        result = RunResult(settings=replace(settings), stats=out.stats, prompt_text=prompt_text, pieces=pieces,
-                           series=series)
+        result = RunResult(settings=replace(settings), stats=out.stats, prompt_text=prompt_text, pieces=live.pieces,
+                           series=live.series)
         if settings.measure_baseline and not out.stats.stopped and out.stats.new_tokens:
             if before_measure is not None:
                 before_measure()
@@ -661,44 +251,11 @@ class Session:
         return rows
 
 
-def encode_prompt(settings: RunSettings, tokenizer):
-    """Token ids [1, n] of the settings' prompt, chat-templated when `chat` is set and the tokenizer has one."""
-    if settings.chat and getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template([{"role": "user", "content": settings.prompt}],
-                                             add_generation_prompt=True, return_tensors="pt",
-                                             return_dict=True)["input_ids"]
-    return tokenizer(settings.prompt, return_tensors="pt").input_ids
-
-
-def build_draft(target, spec: str, tokenizer, progress: Progress | None = None):
-    """The draft `spec` for `target`: kinds that take any option (a model to load) get the target's tokenizer
-    to check against; kinds that report while building get `progress`."""
-    from hfspec import make_draft
-
-    parsed = registry.parse(spec.strip())
-    if progress is not None:
-        progress(f"building draft {parsed.label}…")
-    kind = registry.KINDS.get(parsed.kind)
-    options = {"target_tokenizer": tokenizer} if kind and kind.options is None else {}
-    if progress is not None and kind and (kind.options is None or "progress" in kind.options):
-        options["progress"] = progress
-    return make_draft(target, spec.strip(), **options)
-
-
 def _sampling(settings: RunSettings) -> tuple[dict, int]:
     """The settings' sampling keywords without seed and min_new_tokens (the engine fixes lengths), and the seed."""
     sampling = settings.sampling_kwargs()
     sampling.pop("min_new_tokens", None)
     return sampling, sampling.pop("seed")
-
-
-def _series_row(s: LiveSnapshot) -> dict:
-    """One target pass of the live series, for exports."""
-    return {"pass": s.round_index + 1, "gamma": s.gamma, "accepted": s.accepted, "checked": s.checked,
-            "committed": s.committed, "alpha": s.alpha, "rolling_alpha": s.rolling_alpha,
-            "tokens_per_pass": s.tokens_per_pass, "expected_tokens_per_pass": s.expected_tokens_per_pass,
-            "estimated_speedup": s.estimated_speedup, "c_time": s.c_time, "elapsed": s.elapsed,
-            "new_tokens": s.new_tokens}
 
 
 def _norm(source: str) -> str:
@@ -719,3 +276,4 @@ def _guarded(progress: Progress | None, should_stop: StopCheck | None) -> Progre
             progress(message)
 
     return say
+

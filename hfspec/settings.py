@@ -1,0 +1,173 @@
+"""`RunSettings`, the one description of a run (the CLI, the dashboard and presets fill it), and the draft
+form helpers that turn a kind and its values into a spec string and back."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from hfspec.drafts import registry
+from hfspec.errors import HfspecError
+from hfspec.validate import check_gamma
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class RunSettings:
+    """What the dashboard runs. `preset` names where target/draft came from (informational once filled in);
+    `target` is a folder, hub id or .gguf file; `draft` a spec string ("rtn4", "rtn3-g64", "bnb-int8") or a
+    sibling folder / hub id; top_k 0 and top_p 1.0 mean off; temperature 0 is greedy."""
+
+    target: str = ""
+    draft: str = "rtn4"
+    gamma: int | str = 4
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    seed: int = 1
+    prompt: str = ""
+    preset: str = ""
+    chat: bool = False
+    measure_baseline: bool = True
+    ignore_eos: bool = False  # generate exactly max_new_tokens (EOS masked, as min_new_tokens does)
+    device: str = ""  # "" : the session's default; cpu | cuda | cuda:N | mps | auto
+    dtype: str = ""   # "" : the session's default; float32 | bfloat16 | float16 | auto
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> RunSettings:
+        """Settings filled from a preset (name or .toml path), then `overrides`."""
+        from hfspec.presets import load_preset
+
+        return load_preset(name).settings(**overrides)
+
+    def validated(self) -> RunSettings:
+        """Self, after checking every field's type and range (HfspecError naming the field and what is allowed)."""
+        from hfspec.errors import bad_value
+        from hfspec.loading import parse_device, parse_dtype
+        from hfspec.validate import check_sampling
+
+        for name, what in (("target", "a model folder, a hub id (owner/name) or a .gguf file"),
+                           ("draft", registry.allowed()),
+                           ("prompt", "some text to continue")):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not (value if name == "prompt" else value.strip()):
+                raise bad_value(name, value, what)
+        check_gamma(self.gamma)
+        for name in ("temperature", "top_k", "top_p"):  # None is "off" for the API, not a settings value
+            if getattr(self, name) is None:
+                raise bad_value(name, None, {"temperature": "a number >= 0", "top_k": "an integer >= 0 (0 is off)",
+                                             "top_p": "a number in (0, 1] (1 is off)"}[name])
+        check_sampling(self.temperature, self.top_k, self.top_p)
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise bad_value("max_new_tokens", self.max_new_tokens, "an integer >= 1")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**64:
+            raise bad_value("seed", self.seed, "an integer from 0 to 2**64 - 1")
+        for name in ("chat", "measure_baseline", "ignore_eos"):
+            if not isinstance(getattr(self, name), bool):
+                raise bad_value(name, getattr(self, name), "True or False")
+        for name, parse in (("device", parse_device), ("dtype", parse_dtype)):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise bad_value(name, value, "a string (empty for the session's default)")
+            if value:
+                parse(value, role="settings")
+        return self
+
+    def sampling_kwargs(self) -> dict:
+        """Keyword arguments of hfspec.plain_generate (and of hfspec.generate, with `gamma` added)."""
+        return {
+            "temperature": float(self.temperature),
+            "top_k": int(self.top_k),  # 0 passed as 0: None would leave transformers' default top-k of 50
+            "top_p": float(self.top_p),
+            "max_new_tokens": int(self.max_new_tokens),
+            "seed": int(self.seed),
+        } | ({"min_new_tokens": int(self.max_new_tokens)} if self.ignore_eos else {})
+
+    def generate_kwargs(self) -> dict:
+        return {"gamma": self.gamma, **self.sampling_kwargs()}
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RunSettings:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+def draft_spec(kind: str, bits: int = 4, group: int = 0, bnb_type: str = "nf4", source: str = "",
+               **values) -> str:
+    """The spec string for a draft kind and its form values (a thin wrapper over `registry.spec_of`); the
+    positional form values are the built-in kinds' fields in order (group 0: the default group size)."""
+    values = {"bits": bits, "group": group, "bnb_type": bnb_type, "source": source, **values}
+    entry = next((k for k in registry.choices() if k.name == kind), None)
+    if entry is not None:
+        for f in entry.fields:
+            if f.text and not str(values.get(f.name, "")).strip():
+                raise HfspecError(f"draft {kind} {f.title}: empty; allowed: {entry.allowed}")
+    return registry.spec_of(kind, values)
+
+
+def split_draft_spec(spec: str) -> dict:
+    """The inverse of :func:`draft_spec` (`registry.fields_of`): {"kind": name, field: value, ...}; a spec the
+    registry cannot read (e.g. a folder that is gone) comes back as the model kind's source, for the form to
+    show."""
+    try:
+        return registry.fields_of(spec.strip())
+    except HfspecError:
+        values = {f.name: f.default for kind in registry.choices() for f in kind.fields}
+        return values | {"kind": registry.model_kind().name, "source": spec.strip()}
+
+
+def context_length(source: str) -> int | None:
+    """The positions a local model folder's config allows (max_position_embeddings, n_positions, ...); None
+    when unknown (hub ids, .gguf files, folders without config.json)."""
+    path = Path(str(source).strip()).expanduser() / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    for cfg in (config, config.get("text_config") or {}):
+        for key in ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length"):
+            if isinstance(cfg.get(key), int) and cfg[key] > 0:
+                return cfg[key]
+    return None
+
+
+def parse_list(text: str) -> list[str]:
+    """Drafts (or 'target | draft' pairs) from a comma- or newline-separated list."""
+    items = []
+    for line in text.replace(",", "\n").splitlines():
+        if line.strip():
+            items.append(line.strip())
+    return items
+
+
+def encode_prompt(settings: RunSettings, tokenizer):
+    """Token ids [1, n] of the settings' prompt, chat-templated when `chat` is set and the tokenizer has one."""
+    if settings.chat and getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template([{"role": "user", "content": settings.prompt}],
+                                             add_generation_prompt=True, return_tensors="pt",
+                                             return_dict=True)["input_ids"]
+    return tokenizer(settings.prompt, return_tensors="pt").input_ids
+
+
+def build_draft(target, spec: str, tokenizer, progress: Progress | None = None):
+    """The draft `spec` for `target`: kinds that take any option (a model to load) get the target's tokenizer
+    to check against; kinds that report while building get `progress`."""
+    from hfspec import make_draft
+
+    parsed = registry.parse(spec.strip())
+    if progress is not None:
+        progress(f"building draft {parsed.label}…")
+    kind = registry.KINDS.get(parsed.kind)
+    options = {"target_tokenizer": tokenizer} if kind and kind.options is None else {}
+    if progress is not None and kind and (kind.options is None or "progress" in kind.options):
+        options["progress"] = progress
+    return make_draft(target, spec.strip(), **options)
+
+
