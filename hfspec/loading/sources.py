@@ -69,26 +69,7 @@ def resolve_source(source, *, gguf_file=None, role: str = "model") -> ResolvedSo
     source = source.strip()
     expanded = os.path.expanduser(source)
     if gguf_file is not None:
-        gguf_file = os.fspath(gguf_file)
-        if os.path.isdir(expanded):
-            full = os.path.join(expanded, gguf_file)
-            if not os.path.isfile(full):
-                raise HfspecError(
-                    f"{role}: no such GGUF file {gguf_file!r} in folder {expanded!r}{_gguf_listing(expanded)}"
-                )
-            return ResolvedSource("gguf", os.path.abspath(expanded), gguf_file)
-        if os.path.isfile(expanded):
-            raise HfspecError(
-                f"{role}: {source!r} is a file; with gguf_file= pass the folder that holds it "
-                "(or pass the .gguf path alone)"
-            )
-        if _looks_like_path(source) or not _is_repo_id(source):
-            raise HfspecError(
-                f"{role}: no such folder {expanded!r} (to read the GGUF file {gguf_file!r} from); allowed: an "
-                "existing folder or a hub id with gguf_file=, or the .gguf path alone"
-            )
-        return ResolvedSource("hub", source, gguf_file)
-
+        return _with_gguf_file(source, expanded, os.fspath(gguf_file), role)
     if os.path.isdir(expanded):
         folder = os.path.abspath(expanded)
         if os.path.isfile(os.path.join(folder, "config.json")):
@@ -140,6 +121,28 @@ def resolve_source(source, *, gguf_file=None, role: str = "model") -> ResolvedSo
             "a .gguf file, or a hub id like 'org/name')"
         )
     return ResolvedSource("hub", source)
+
+
+def _with_gguf_file(source: str, expanded: str, gguf_file: str, role: str) -> ResolvedSource:
+    """`source` given together with `gguf_file=`: a folder holding it, or a hub id."""
+    if os.path.isdir(expanded):
+        full = os.path.join(expanded, gguf_file)
+        if not os.path.isfile(full):
+            raise HfspecError(
+                f"{role}: no such GGUF file {gguf_file!r} in folder {expanded!r}{_gguf_listing(expanded)}"
+            )
+        return ResolvedSource("gguf", os.path.abspath(expanded), gguf_file)
+    if os.path.isfile(expanded):
+        raise HfspecError(
+            f"{role}: {source!r} is a file; with gguf_file= pass the folder that holds it "
+            "(or pass the .gguf path alone)"
+        )
+    if _looks_like_path(source) or not _is_repo_id(source):
+        raise HfspecError(
+            f"{role}: no such folder {expanded!r} (to read the GGUF file {gguf_file!r} from); allowed: an "
+            "existing folder or a hub id with gguf_file=, or the .gguf path alone"
+        )
+    return ResolvedSource("hub", source, gguf_file)
 
 
 def _looks_like_path_prefix(text: str) -> bool:
