@@ -23,6 +23,7 @@ def test_greedy_identity_with_auto_gamma():
     assert len(set(out.stats.gamma_per_round)) > 1, "γ should move with the live estimates"
 
 
+@pytest.mark.slow
 def test_distribution_with_auto_gamma(distribution_pair):  # noqa: F811
     target, draft = distribution_pair
     prompt = [0, 3, 5]

@@ -44,6 +44,7 @@ def _steps(draft: LeanDecoder, ids: torch.Tensor, prompt: int) -> torch.Tensor:
     return torch.cat([draft.logits(ids[:, i:i + 1], None, None, cache, 1) for i in range(prompt, ids.shape[1])], 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_compiled_step_computes_the_eager_lean_step(family, own_cache):
     target = sharpen(build_family(family, init=0.1), 6.0)
@@ -65,6 +66,7 @@ def test_compiled_step_computes_the_eager_lean_step(family, own_cache):
     assert torch.equal(_steps(fast, ids, CACHE_CHUNK - 4), got)
 
 
+@pytest.mark.slow
 def test_compiled_draft_decodes_the_targets_greedy_text(own_cache):
     from hfspec.loading import load_model
 
@@ -109,6 +111,7 @@ _BUILD = textwrap.dedent("""
 """) % str(MICRO)
 
 
+@pytest.mark.slow
 def test_a_truncated_artefact_on_disk_does_not_break_the_next_run(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
     env["HFSPEC_COMPILE_DIR"] = str(tmp_path)

@@ -113,6 +113,7 @@ def test_check_loaded_names_an_untied_or_meta_tensor(folders):
         check_loaded(on_meta, {}, "target", "x")
 
 
+@pytest.mark.slow
 def test_cold_sessions_in_two_threads_run_like_one():
     """Two dashboard sessions starting cold at once (each loads the micro pair) give the sequential text."""
     settings = [RunSettings.from_preset("micro-rtn4", max_new_tokens=8, seed=seed, measure_baseline=False,

@@ -5,16 +5,16 @@ the first three generated tokens is compared with the target's exact law, comput
 `hfspec.sampling.warp`. Deliberately wrong rules must fail the same test (negative controls).
 """
 
-import itertools
-
+import laws
 import pytest
 import torch
-from scipy.stats import chisquare
+from laws import WRONG_RULES
 from tiny_models import build
 
 import hfspec
 import hfspec.sampling as sampling
-from hfspec.sampling import warp
+
+pytestmark = pytest.mark.slow  # 20,000-row batches per law: the fast loop (-m "not slow") skips them
 
 V = 8
 NEW = 3
@@ -29,43 +29,11 @@ def pair():
 
 
 def exact_law(target, prompt: list[int], **warp_kwargs) -> dict[tuple, float]:
-    """P(t1, t2, t3 | prompt) under the target with the given warping; EOS (id 1) is masked, as
-    `min_new_tokens` does in `generate`."""
-    law = {(): 1.0}
-    for _ in range(NEW):
-        prefixes = list(law)
-        ids = torch.tensor([prompt + list(p) for p in prefixes])
-        with torch.no_grad():
-            logits = target(ids).logits[:, -1]
-        logits[:, 1] = -float("inf")
-        probs = warp(logits, **warp_kwargs)
-        law = {p + (t,): law[p] * probs[i, t].item() for i, p in enumerate(prefixes) for t in range(V)}
-    return law
+    return laws.exact_law(target, prompt, V, NEW, **warp_kwargs)
 
 
 def p_value(samples: torch.Tensor, law: dict[tuple, float]) -> float:
-    """Chi-square goodness of fit; cells with expected count < 5 are pooled."""
-    n = samples.shape[0]
-    counts = {}
-    for row in map(tuple, samples.tolist()):
-        counts[row] = counts.get(row, 0) + 1
-    observed, expected, pool_o, pool_e = [], [], 0, 0.0
-    for cell in itertools.product(range(V), repeat=NEW):
-        e = law.get(cell, 0.0) * n
-        o = counts.get(cell, 0)
-        if e < 5:
-            pool_o, pool_e = pool_o + o, pool_e + e
-        else:
-            observed.append(o)
-            expected.append(e)
-    if pool_e == 0:
-        if pool_o:
-            return 0.0  # an outcome the target can never produce
-    else:
-        observed.append(pool_o)
-        expected.append(pool_e)
-    scale = sum(observed) / sum(expected)
-    return chisquare(observed, [e * scale for e in expected]).pvalue
+    return laws.p_value(samples, law, V, NEW)
 
 
 def run(target, draft, prompts, gamma, seed, **sampling_kwargs):
@@ -105,12 +73,6 @@ def test_each_row_of_a_ragged_batch_matches_its_own_law(pair):
     assert len(set(stats.accepted_length_hist)) > 1
     for prompt, samples in zip(prompts, groups, strict=True):
         assert p_value(samples, exact_law(target, prompt, temperature=1.0)) > 1e-3
-
-
-WRONG_RULES = {
-    "always-accept": ("accept_draft", lambda p_x, q_x, r: torch.ones_like(p_x, dtype=torch.bool)),
-    "residual-without-subtraction": ("residual", lambda p, q: p),
-}
 
 
 @pytest.mark.parametrize("rule", list(WRONG_RULES))

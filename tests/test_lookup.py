@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_distribution import exact_law, p_value
+from laws import WRONG_RULES, exact_law, p_value
 from tiny_models import build
 
 import hfspec
@@ -173,23 +173,19 @@ def sample_rows(target, seed):
     return [new[i :: len(PROMPTS)] for i in range(len(PROMPTS))], out.stats
 
 
+@pytest.mark.slow
 def test_sampling_matches_the_target_law(small):
     groups, stats = sample_rows(small, seed=3)
     assert 0.05 < stats.alpha < 0.95, "proposals must be both accepted and rejected for the test to mean much"
     for prompt, samples in zip(PROMPTS, groups, strict=True):
-        assert p_value(samples, exact_law(small, prompt, temperature=1.0)) > 1e-3
+        assert p_value(samples, exact_law(small, prompt, V, NEW, temperature=1.0), V, NEW) > 1e-3
 
 
-WRONG_RULES = {
-    "always-accept": ("accept_draft", lambda p_x, q_x, r: torch.ones_like(p_x, dtype=torch.bool)),
-    "residual-without-subtraction": ("residual", lambda p, q: p),
-}
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", list(WRONG_RULES))
 def test_negative_control_wrong_rule_fails(small, monkeypatch, rule):
     name, wrong = WRONG_RULES[rule]
     monkeypatch.setattr(sampling, name, wrong)
     groups, _ = sample_rows(small, seed=3)
-    laws = [exact_law(small, prompt, temperature=1.0) for prompt in PROMPTS]
-    assert min(p_value(s, law) for s, law in zip(groups, laws, strict=True)) < 1e-6
+    expected = [exact_law(small, prompt, V, NEW, temperature=1.0) for prompt in PROMPTS]
+    assert min(p_value(s, law, V, NEW) for s, law in zip(groups, expected, strict=True)) < 1e-6

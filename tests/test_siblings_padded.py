@@ -6,11 +6,10 @@ output equals plain greedy; at T = 1 the joint law of two new tokens over 20,000
 target's exact law (chi-square), and a deliberately wrong acceptance rule fails the same test.
 """
 
-import itertools
-
+import laws
 import pytest
 import torch
-from scipy.stats import chisquare
+from laws import WRONG_RULES
 from tiny_models import build
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
@@ -108,39 +107,11 @@ def test_tokenizer_mismatch_is_a_clear_error(pair):
 
 
 def exact_law(target) -> dict[tuple, float]:
-    """P(t1, t2 | PROMPT) under the target at T = 1, EOS (id 1) masked as `min_new_tokens` does."""
-    law = {(): 1.0}
-    for _ in range(NEW):
-        prefixes = list(law)
-        with torch.no_grad():
-            logits = target(torch.tensor([PROMPT + list(p) for p in prefixes])).logits[:, -1]
-        logits[:, 1] = -float("inf")
-        probs = torch.softmax(logits, -1)
-        law = {p + (t,): law[p] * probs[i, t].item() for i, p in enumerate(prefixes) for t in range(V)}
-    return law
+    return laws.exact_law(target, PROMPT, V, NEW)
 
 
 def p_value(samples: torch.Tensor, law: dict[tuple, float]) -> float:
-    """Chi-square goodness of fit over the V**NEW cells; cells expecting < 5 counts are pooled."""
-    counts: dict[tuple, int] = {}
-    for row in map(tuple, samples.tolist()):
-        counts[row] = counts.get(row, 0) + 1
-    observed, expected, pool_o, pool_e = [], [], 0, 0.0
-    for cell in itertools.product(range(V), repeat=NEW):
-        e, o = law[cell] * len(samples), counts.get(cell, 0)
-        if e < 5:
-            pool_o, pool_e = pool_o + o, pool_e + e
-        else:
-            observed.append(o)
-            expected.append(e)
-    observed.append(pool_o + sum(c for cell, c in counts.items() if cell not in law))  # padded ids: never
-    expected.append(pool_e)
-    if expected[-1] == 0:
-        if observed[-1]:
-            return 0.0
-        observed, expected = observed[:-1], expected[:-1]
-    scale = sum(observed) / sum(expected)  # float rounding of the law's total
-    return chisquare(observed, [e * scale for e in expected]).pvalue
+    return laws.p_value(samples, law, V, NEW)
 
 
 def sample(target, draft) -> tuple[torch.Tensor, hfspec.SpecStats]:
@@ -150,6 +121,7 @@ def sample(target, draft) -> tuple[torch.Tensor, hfspec.SpecStats]:
     return out.sequences[:, len(PROMPT):], out.stats
 
 
+@pytest.mark.slow
 def test_distribution_matches_target(pair):
     target, draft = pair
     samples, stats = sample(target, draft)
@@ -157,8 +129,9 @@ def test_distribution_matches_target(pair):
     assert p_value(samples, exact_law(target)) > 1e-3
 
 
+@pytest.mark.slow
 def test_negative_control_always_accept_fails(pair, monkeypatch):
     target, draft = pair
-    monkeypatch.setattr(sampling, "accept_draft", lambda p_x, q_x, r: torch.ones_like(p_x, dtype=torch.bool))
+    monkeypatch.setattr(sampling, *WRONG_RULES["always-accept"])
     samples, _ = sample(target, draft)
     assert p_value(samples, exact_law(target)) < 1e-6
