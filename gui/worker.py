@@ -55,7 +55,7 @@ class Worker(QObject):
 
     def _wait_for_display(self) -> None:
         """Called on this thread before the speed-up is timed: wait until the GUI has taken every snapshot and
-        drawn them (the GUI thread would otherwise share the 2 cores with the runs being timed)."""
+        drawn them (the GUI thread would otherwise share the cores with the runs being timed)."""
         deadline = time.monotonic() + SETTLE_TIMEOUT_S
         while len(self.buffer) and time.monotonic() < deadline:
             time.sleep(REDRAW_MS / 1000)

@@ -127,7 +127,7 @@ class Session:
             before_measure: Callable[[], None] | None = None) -> RunResult:
         """One speculative run, then (when `settings.measure_baseline`) plain decoding of exactly as many
         tokens, measured right after it. `before_measure()` is called first: a display can finish drawing the run
-        (on 2 cores a busy GUI thread slows what is being timed)."""
+        (a busy GUI thread takes cores from what is being timed)."""
         import hfspec
 
         settings.validated()

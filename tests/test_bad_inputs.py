@@ -1,4 +1,4 @@
-"""Issue 14: every bad or unsupported input is one clear HfspecError naming the field, never silent output.
+"""Every bad or unsupported input is one clear HfspecError naming the field, never silent output.
 
 One case per item of the issue (API, drop-in, loading, session settings, CLI); the CLI cases run `main` in
 process and expect exit code 2 with a single stderr line (nothing loaded before the error)."""

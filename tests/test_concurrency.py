@@ -1,4 +1,4 @@
-"""Issue 14: loading and generating from several threads at once gives what one thread gives alone.
+"""Loading and generating from several threads at once gives what one thread gives alone.
 
 transformers replaces `PreTrainedModel.tie_weights` on the class while it loads; two overlapping loads restored
 it in the wrong order and left `lm_head` on the meta device and untied. `load_model` serialises loads and checks

@@ -183,7 +183,7 @@ def test_stats_formulas_and_consistency(pair):
 
 def test_auto_gamma_keeps_proposing_when_lookup_finds_no_match_for_a_round(monkeypatch):
     """A round where prompt lookup has no match proposes nothing; that is not the policy choosing plain decoding,
-    so the adaptive γ must not learn from it (it used to drop to γ = 0 and decode plainly until a probe)."""
+    so the adaptive γ must not learn from it (learning would drop it to γ = 0, decoding plainly until a probe)."""
     import hfspec.hf
     from hfspec.gamma import AdaptiveGamma
 

@@ -88,8 +88,8 @@ def test_default_and_embedded_presets():
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in REPO_PRESETS.glob("micro-*.toml")))
 def test_embedded_presets_demo_their_advertised_length(name):
-    """A shipped demo runs its max_new_tokens (micro-nano used to meet </s> after 3 tokens, micro-auto after 17;
-    micro-auto's sample follows measured timings, so it generates a fixed length)."""
+    """A shipped demo runs its max_new_tokens (a sampled text could meet </s> within a few tokens; micro-auto's
+    sample follows measured timings, so it generates a fixed length)."""
     from hfspec.session import RunSettings, Session
 
     settings = RunSettings.from_preset(name, measure_baseline=False)

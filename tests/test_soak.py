@@ -1,4 +1,4 @@
-"""Issue 14: the dashboard's session layer does not leak over many runs (200 runs, drafts alternating)."""
+"""The dashboard's session layer does not leak over many runs (200 runs, drafts alternating)."""
 
 from __future__ import annotations
 

@@ -34,9 +34,9 @@ COMPILED_FEED_MAX = 4  # a compiled draft runs feeds of up to this many tokens a
 # without bf16 units)
 DENSE_BELOW = 1 << 18
 # elements: at 2-4 bits a matrix this large or larger runs the int4 kernel. In a real decode the draft's step
-# alternates with the target's and finds its weights out of cache, so bytes read decide (micro's rtn4 step reads
-# 0.7 MB instead of 5.8 MB of fp32: 0.8 vs 1.2 ms interleaved with target steps); below 64 KB of fp32 a matrix
-# stays in cache anyway and the kernel's casts cost more (stories260K's 64-wide layers: 1.17 vs 1.26 ms)
+# alternates with the target's and finds its weights out of cache, so bytes read decide (an rtn4 step reads about
+# an eighth of the fp32 bytes); below 64 KB of fp32 a matrix stays in cache anyway and the kernel's casts cost
+# more than the bytes they save (benchmarks/ measures both sides)
 INT4_FROM = 1 << 14
 _ACTS = {"silu": F.silu, "swish": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
          "gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh")}
