@@ -40,7 +40,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int)
     p.add_argument("--seed", type=int)
     p.add_argument("--prompt")
-    p.add_argument("--dtype", help="float32 | bfloat16 | float16 | auto")
+    p.add_argument("--dtype", help="float32 | bfloat16 | float16 | auto (default: auto, the dtype the checkpoint "
+                   "was saved in)")
     p.add_argument("--device", help="cpu | cuda | cuda:N | mps | auto")
 
 

@@ -17,6 +17,7 @@ sliding window counted in slots rather than positions. `lean_reason(model)` says
 from __future__ import annotations
 
 import inspect
+import time
 from types import SimpleNamespace
 
 import torch
@@ -28,9 +29,10 @@ from hfspec.kv_model import CachedModel
 from hfspec.quant import groupwise, packing
 from hfspec.quant.modules import FUSED_GROUP_SIZES
 
+BUILD_PROGRESS_EVERY = 2.0  # seconds between "building the draft: layer i/N" messages
 CACHE_CHUNK = 256  # the KV cache grows by this many slots at a time
 COMPILED_FEED_MAX = 4  # a compiled draft runs feeds of up to this many tokens as one-token steps (a round's catch-up)
-# elements: 5-8-bit matrices (and embedding tables) smaller than this stay fp32 (bf16 matmuls are slow on CPUs
+# elements: 5-8-bit matrices smaller than this stay fp32 (bf16 matmuls are slow on CPUs
 # without bf16 units)
 DENSE_BELOW = 1 << 18
 # elements: at 2-4 bits a matrix this large or larger runs the int4 kernel. In a real decode the draft's step
@@ -45,42 +47,56 @@ _PATH_INT4 = "int4 CPU kernel (aten._weight_int4pack_mm_for_cpu)"
 
 # ------------------------------------------------------------------------------------------------ weights
 class LeanLinear(nn.Module):
-    """y = x W^T (+ b) for a weight [N, K] given as float: RTN at `bits` (None: kept as is).
+    """y = x W^T (+ b) for a weight [N, K] given as float (or as a list of float parts stacked along N, so a
+    fused QKV / gate-up matrix is never concatenated in float): RTN at `bits` (None: kept as is).
 
     bits ≤ 4 with a kernel-friendly shape: codes in the int4 CPU kernel's layout (N padded to 64 with zero
     rows, sliced off after the matmul); otherwise a dense matrix (the dequantised codes in bf16, or the float
-    weight itself, shared with the target when unquantised and unfused)."""
+    weight itself, shared with the target when unquantised and unfused). Quantising runs a block of rows at a
+    time, so building holds the result plus one block of scratch, whatever the matrix's size."""
 
-    def __init__(self, w: torch.Tensor, bias: torch.Tensor | None, bits: int | None, group_size: int,
-                 share: bool = False):
+    def __init__(self, w: torch.Tensor | list[torch.Tensor], bias: torch.Tensor | None, bits: int | None,
+                 group_size: int, share: bool = False):
         super().__init__()
-        self.out_features, self.in_features = w.shape
+        parts = [w] if isinstance(w, torch.Tensor) else list(w)
+        self.out_features, self.in_features = sum(p.shape[0] for p in parts), parts[0].shape[1]
+        numel = self.out_features * self.in_features
         self.bits = bits
-        self.int4 = (bits is not None and bits <= 4 and w.device.type == "cpu" and group_size in FUSED_GROUP_SIZES
-                     and self.in_features % group_size == 0 and w.numel() >= INT4_FROM
-                     and packing.int4_cpu_kernel_ok())
+        self.int4 = (bits is not None and bits <= 4 and parts[0].device.type == "cpu"
+                     and group_size in FUSED_GROUP_SIZES and self.in_features % group_size == 0
+                     and numel >= INT4_FROM and packing.int4_cpu_kernel_ok())
         self.group_size = group_size
         with torch.no_grad():
             if self.int4:
-                q, scale, zero = groupwise.group_quantize(w, bits, group_size)
-                pad = -self.out_features % 64
-                if pad:
-                    q = torch.cat([q, q.new_zeros(pad, self.in_features)])
-                    scale = torch.cat([scale, scale.new_zeros(pad, scale.shape[1])])
-                    zero = torch.cat([zero, zero.new_zeros(pad, zero.shape[1])])
-                sz = torch.stack([scale.float(), zero.float() + 8 * scale.float()], dim=-1)
-                self.register_buffer("packed", packing.pack_int4_cpu(q))
-                self.register_buffer("scales_and_zeros", sz.transpose(0, 1).contiguous().to(torch.bfloat16))
+                padded = -(-self.out_features // 64) * 64
+                packed = torch.empty(padded, self.in_features // 2, dtype=torch.uint8)
+                sz = torch.empty(self.in_features // group_size, padded, 2, dtype=torch.bfloat16)
+                for start, end in _row_blocks(padded, self.in_features, 64):
+                    q, scale, zero = groupwise.group_quantize(_rows(parts, start, end), bits, group_size)
+                    pad = end - start - q.shape[0]  # the last block: zero rows up to a multiple of 64
+                    if pad:
+                        q = torch.cat([q, q.new_zeros(pad, self.in_features)])
+                        scale = torch.cat([scale, scale.new_zeros(pad, scale.shape[1])])
+                        zero = torch.cat([zero, zero.new_zeros(pad, zero.shape[1])])
+                    packed[start:end] = packing.pack_int4_cpu(q)
+                    sz[:, start:end] = torch.stack([scale.float(), zero.float() + 8 * scale.float()], dim=-1
+                                                   ).transpose(0, 1).to(torch.bfloat16)
+                self.register_buffer("packed", packed)
+                self.register_buffer("scales_and_zeros", sz)
                 self.path = _PATH_INT4
             elif bits is not None:
-                q, scale, zero = groupwise.group_quantize(w, bits, group_size)
-                small = w.numel() < DENSE_BELOW
-                dense = groupwise.group_dequantize(q, scale, zero, group_size, torch.float32 if small else torch.bfloat16)
+                small = numel < DENSE_BELOW
+                dense = torch.empty(self.out_features, self.in_features,
+                                    dtype=torch.float32 if small else torch.bfloat16)
+                for start, end in _row_blocks(self.out_features, self.in_features, 1):
+                    q, scale, zero = groupwise.group_quantize(_rows(parts, start, end), bits, group_size)
+                    dense[start:end] = groupwise.group_dequantize(q, scale, zero, group_size, dense.dtype)
                 self.register_buffer("weight", dense)
                 self.path = f"rtn{bits} dequantised to {'fp32 (small matrix)' if small else 'bf16'}"
             else:
-                self.register_buffer("weight", w.detach() if share else w.detach().clone())
-                self.path = f"{w.dtype} float"
+                weight = parts[0].detach() if share and len(parts) == 1 else torch.cat([p.detach() for p in parts])
+                self.register_buffer("weight", weight)
+                self.path = f"{weight.dtype} float"
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -112,6 +128,23 @@ class LeanLinear(nn.Module):
             scale, zero = sz[..., 0].t(), sz[..., 1].t() - 8 * sz[..., 0].t()
             return groupwise.group_dequantize(codes, scale, zero, self.group_size, dtype)
         return self.weight[ids].to(dtype)
+
+
+def _row_blocks(rows: int, cols: int, multiple: int):
+    """Row ranges of about groupwise.CHUNK_ELEMENTS values, each a multiple of `multiple` rows (but the last)."""
+    step = max(multiple, groupwise.CHUNK_ELEMENTS // max(1, cols) // multiple * multiple)
+    return ((start, min(rows, start + step)) for start in range(0, rows, step))
+
+
+def _rows(parts: list[torch.Tensor], start: int, end: int) -> torch.Tensor:
+    """Rows [start, end) of the parts stacked along dim 0 (past the end: fewer rows), without stacking them all."""
+    pieces, offset = [], 0
+    for part in parts:
+        n = part.shape[0]
+        if offset < end and offset + n > start:
+            pieces.append(part[max(0, start - offset):min(n, end - offset)])
+        offset += n
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
 
 # ------------------------------------------------------------------------------------------------ reading
@@ -252,7 +285,8 @@ class LeanDecoder(nn.Module):
     permuted within each head so that HF's rotate-half pairs (i, i + D/2) sit side by side. Attention scores
     q·k do not change under the same permutation of both, so the model computes the same function."""
 
-    def __init__(self, target: nn.Module, bits: int | None, group_size: int = 32, max_positions: int | None = None):
+    def __init__(self, target: nn.Module, bits: int | None, group_size: int = 32, max_positions: int | None = None,
+                 progress=None):
         super().__init__()
         why = lean_reason(target)
         if why is not None:
@@ -266,15 +300,16 @@ class LeanDecoder(nn.Module):
         embed = inner.embed_tokens
         self.vocab = head.weight.shape[0]
         self.head = LeanLinear(head.weight, getattr(head, "bias", None), bits, group_size, share=True)
-        if embed.weight is head.weight and not self.head.int4 and bits is not None:
-            self.register_buffer("embed_table", self.head.weight)  # tied: the same dense RTN values, held once
-        else:
-            self.register_buffer("embed_table", _embedding_table(embed.weight, bits, group_size))
+        # The input embedding is read one row per token, so its bytes cost no time: the draft looks rows up in
+        # the target's own table (any dtype, cast to fp32) instead of holding a copy. A plain attribute, not a
+        # buffer: the draft's `weight_bytes` count what it adds to the target, and the table stays the target's.
+        self.embed_table = embed.weight.detach()
+        self.target_dtype = embed.weight.dtype
         scale = getattr(embed, "embed_scale", None)  # Gemma: cast to the weights' dtype, as its forward does
         self.embed_scale = float(scale.to(embed.weight.dtype)) if scale is not None else None
         self.final_norm, self.eps = _norm_weight(inner.norm, self.hidden)
         self.softcap = getattr(config, "final_logit_softcapping", None)
-        self.blocks = nn.ModuleList(_Block(layer, bits, group_size) for layer in layers)
+        self.blocks = nn.ModuleList(_built_blocks(layers, bits, group_size, progress))
         self.head_dim, self.kv_heads = self.blocks[0].head_dim, self.blocks[0].kv_heads
         self.max_positions = max_positions or getattr(config, "max_position_embeddings", 4096) or 4096
         self._rotary = inner.rotary_emb
@@ -287,7 +322,8 @@ class LeanDecoder(nn.Module):
         self._head_mm = self.head.matmul()
         self._steps = [block.step(self.act) for block in self.blocks]
         paths = sorted({lin.path for block in self.blocks for lin in block.linears()} | {self.head.path})
-        self.hfspec_step_path = f"lean decode step ({'; '.join(paths)})"
+        self.hfspec_step_path = (f"lean decode step for a {_dtype_name(self.target_dtype)} target (fp32 activations "
+                                 f"and logits; input embedding read from the target's table; {'; '.join(paths)})")
         self.compiled_step = None
 
     def compile_step(self, progress=None) -> str:
@@ -410,6 +446,20 @@ class LeanRunner(CachedModel):
                                  None if all_valid else valid[:, :end], self.cache, keep)
 
 
+def _built_blocks(layers, bits: int | None, group_size: int, progress) -> list[_Block]:
+    """One `_Block` per decoder layer, saying how far it got every BUILD_PROGRESS_EVERY seconds (big targets
+    take a while)."""
+    say = progress or (lambda message: None)
+    blocks, began, shown = [], time.perf_counter(), 0.0
+    for i, layer in enumerate(layers):
+        blocks.append(_Block(layer, bits, group_size))
+        spent = time.perf_counter() - began
+        if spent - shown >= BUILD_PROGRESS_EVERY or (i + 1 == len(layers) and shown):
+            say(f"building the draft: layer {i + 1}/{len(layers)} ({spent:.0f} s)")
+            shown = spent
+    return blocks
+
+
 def _attention_mask(start: int, end: int, steps: int, valid: torch.Tensor | None, window: int | None):
     """Boolean mask [B|1, 1, T, S] over cache slots (None when every query may see every slot): causal, holes
     masked, and for sliding-window layers keys within `window` slots (positions equal slots in a batch of one;
@@ -426,15 +476,8 @@ def _attention_mask(start: int, end: int, steps: int, valid: torch.Tensor | None
     return mask if valid is None else mask & valid[:, None, None, :end].bool()
 
 
-def _embedding_table(weight: torch.Tensor, bits: int | None, group_size: int) -> torch.Tensor:
-    """The input embedding as a dense table: the target's own when unquantised, else the RTN values (bf16
-    unless the table is small, to hold half the bytes; the int4 kernel cannot gather rows)."""
-    if bits is None:
-        return weight.detach()
-    with torch.no_grad():
-        q, scale, zero = groupwise.group_quantize(weight.detach().float(), bits, group_size)
-        dtype = torch.float32 if weight.numel() < DENSE_BELOW else torch.bfloat16
-        return groupwise.group_dequantize(q, scale, zero, group_size, dtype)
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
 
 
 def _layer_type(config, index: int):
@@ -482,14 +525,14 @@ class _Block(nn.Module):
         biases = [bq, bk, bv]
         b = None if all(x is None for x in biases) else torch.cat([
             x if x is not None else torch.zeros(n) for x, n in zip(biases, (nq * d, nkv * d, nkv * d), strict=True)])
-        self.qkv = LeanLinear(torch.cat([wq, wk, wv]), b, bits, group_size)
+        self.qkv = LeanLinear([wq, wk, wv], b, bits, group_size)
         self.o = LeanLinear(*_linear_parts(attn.o_proj), bits, group_size)
         if hasattr(mlp, "gate_up_proj"):
             w, b = _linear_parts(mlp.gate_up_proj)
         else:
             (wg, bg), (wu, bu) = _linear_parts(mlp.gate_proj), _linear_parts(mlp.up_proj)
-            w, b = torch.cat([wg, wu]), (None if bg is None else torch.cat([bg, bu]))
-        self.inter = w.shape[0] // 2
+            w, b = [wg, wu], (None if bg is None else torch.cat([bg, bu]))
+        self.inter = sum(part.shape[0] for part in ([w] if isinstance(w, torch.Tensor) else w)) // 2
         self.gate_up = LeanLinear(w, b, bits, group_size)
         self.down = LeanLinear(*_linear_parts(mlp.down_proj), bits, group_size)
         self.in_norm, self.eps = _norm_weight(layer.input_layernorm, hidden)

@@ -38,7 +38,7 @@ def make_rtn_draft(target: nn.Module, bits: int, group_size: int, fused: bool | 
     if lean is not False and fused is None:
         why = lean_reason(target)
         if why is None:
-            draft = LeanDecoder(target, bits, group_size)
+            draft = LeanDecoder(target, bits, group_size, progress=progress)
             if compiled:
                 draft.compile_step(progress)
             return draft

@@ -33,6 +33,7 @@ import time
 
 import torch
 
+from hfspec import memory
 from hfspec.errors import HfspecError
 from hfspec.loading.checks import _LOAD_LOCK, check_loaded, drop_gguf_quantizer
 from hfspec.loading.errors import damaged_weights, translate
@@ -40,7 +41,6 @@ from hfspec.loading.placement import (
     DEVICE_MAP_NAMES,
     DEVICE_NAMES,
     DTYPE_NAMES,
-    all_on_cpu,
     check_placement,
     describe_placement,
     parse_device,
@@ -79,9 +79,9 @@ def load_model(
 ):
     """Load a causal LM from a local folder, a .gguf file or a hub id, ready for decoding (eval mode).
 
-    dtype: "float32" | "bfloat16" | "float16" | "auto" | a torch dtype | None. None means float32 when the
-        model ends up on the CPU (half precision is slow there and GGUF is dequantised to it) and the
-        checkpoint's own dtype ("auto") on a GPU.
+    dtype: "float32" | "bfloat16" | "float16" | "auto" | a torch dtype | None. None means "auto", the dtype
+        the checkpoint was saved in (as transformers 5 loads it: bf16 for most modern models, fp32 for an
+        fp32 checkpoint), except GGUF files, which are dequantised to float32.
     device: "cpu" | "cuda" | "cuda:N" | "mps" | "auto" (best single device) | None (CPU). Mutually exclusive
         with device_map.
     device_map, max_memory, offload_folder: accelerate placement (sharding, CPU/disk offload). ``max_memory``
@@ -101,9 +101,12 @@ def load_model(
     src = resolve_source(source, gguf_file=gguf_file, role=role)
     if src.gguf_file:
         need_gguf(role, src)
-    if torch_dtype is None:
-        torch_dtype = torch.float32 if all_on_cpu(dev, dmap) else "auto"
+    if torch_dtype is None:  # the checkpoint's own dtype, as transformers 5 loads it; GGUF dequantises to fp32
+        torch_dtype = torch.float32 if src.gguf_file else "auto"
     dtype_name = torch_dtype if isinstance(torch_dtype, str) else str(torch_dtype).replace("torch.", "")
+    if src.local and not src.gguf_file and describe_placement(dev, dmap) == "cpu":
+        memory.check_fits(src.path, torch_dtype, role)  # too big for RAM: a clear error now, not an OOM kill later
+        dtype_name = memory.dtype_name(src.path, torch_dtype)
     kwargs = common_kwargs(src, trust_remote_code) | {"dtype": torch_dtype}
     if dev is not None and dev != "cpu":
         kwargs["device_map"] = dev

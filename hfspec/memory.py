@@ -1,0 +1,148 @@
+"""Will a model fit in this machine's memory? Estimated from the checkpoint before anything is allocated.
+
+A model too big for RAM is otherwise found out by the kernel's OOM killer, which ends the process (and the
+dashboard with it) without a word. `check_fits` reads the tensor shapes from the safetensors headers (a few
+KiB, no weights read) or the weight files' sizes, prices them in the dtype the model will be loaded in, and
+compares with what the OS reports as available (MemAvailable in /proc/meminfo; no psutil). Where either number
+is unknown (a hub id not downloaded, a system without /proc) it says nothing rather than guess.
+
+HFSPEC_AVAILABLE_MEMORY (bytes, or a size such as "2GiB", "500MB") replaces the OS figure: for tests, and for
+users who want a lower ceiling than the machine's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from pathlib import Path
+
+import torch
+
+from hfspec.errors import HfspecError
+
+ENV = "HFSPEC_AVAILABLE_MEMORY"
+# a loaded model needs more than its weights: buffers, the Python objects, the KV cache and activations of a
+# first forward; this fraction of the weights plus a fixed amount is added to the estimate
+OVERHEAD_FRACTION = 0.10
+OVERHEAD_BYTES = 256 << 20
+
+_SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                      "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+_DTYPE_OF_NAME = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+                  "float64": torch.float64}
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """"2GiB", "500MB", "123456" -> bytes; HfspecError naming HFSPEC_AVAILABLE_MEMORY otherwise."""
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _UNITS:
+        raise HfspecError(f"{ENV}: got {text!r}; allowed: a byte count or a size such as 2GiB, 500MB")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def available_bytes() -> int | None:
+    """Memory a new allocation can take now: HFSPEC_AVAILABLE_MEMORY, else MemAvailable; None when unknown."""
+    if os.environ.get(ENV):
+        return parse_size(os.environ[ENV])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def checkpoint_dtype(folder) -> torch.dtype | None:
+    """The dtype a checkpoint folder's config.json says it was saved in (None when it does not say)."""
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for where in (config, config.get("text_config") or {}):
+        name = where.get("dtype") or where.get("torch_dtype")
+        if isinstance(name, str) and name in _DTYPE_OF_NAME:
+            return _DTYPE_OF_NAME[name]
+    return None
+
+
+def _safetensors_elements(path: Path) -> list[tuple[int, int]]:
+    """(elements, bytes per element) of every tensor in a safetensors file, from its header only."""
+    with open(path, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(size))
+    out = []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        elements = 1
+        for dim in entry["shape"]:
+            elements *= int(dim)
+        out.append((elements, _SAFETENSORS_BYTES.get(entry["dtype"], 4)))
+    return out
+
+
+def weight_bytes_on_load(folder, dtype) -> int | None:
+    """Bytes the weights of a checkpoint folder take once loaded in `dtype` (a torch dtype, or "auto" / None
+    for the saved dtype); None when the folder has no weight files hfspec can size."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    per_element = torch.empty((), dtype=dtype).element_size() if isinstance(dtype, torch.dtype) else None
+    files = sorted(folder.glob("*.safetensors"))
+    if files:
+        total = 0
+        for path in files:
+            try:
+                total += sum(n * (per_element or saved) for n, saved in _safetensors_elements(path))
+            except (OSError, ValueError, KeyError, struct.error):
+                total += path.stat().st_size  # an unreadable header: its size is the best guess
+        return total
+    files = sorted(folder.glob("*.bin")) + sorted(folder.glob("*.pt"))
+    if not files:
+        return None
+    saved = checkpoint_dtype(folder) or torch.float32
+    scale = per_element / torch.empty((), dtype=saved).element_size() if per_element else 1.0
+    return int(sum(p.stat().st_size for p in files) * scale)
+
+
+def gib(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB"
+
+
+def check_fits(folder, dtype, role: str = "model", available: int | None = None) -> int | None:
+    """Raise HfspecError when loading the checkpoint in `folder` in `dtype` would need more memory than is
+    available; return the estimate in bytes (None when it cannot be made). Called before anything is loaded."""
+    weights = weight_bytes_on_load(folder, dtype)
+    if weights is None:
+        return None
+    need = int(weights * (1 + OVERHEAD_FRACTION)) + OVERHEAD_BYTES
+    free = available if available is not None else available_bytes()
+    if free is not None and need > free:
+        how = "HFSPEC_AVAILABLE_MEMORY" if available is None and os.environ.get(ENV) else "MemAvailable"
+        half = "" if dtype in (torch.bfloat16, torch.float16) else (
+            " dtype bfloat16 (half the bytes of float32),")
+        raise HfspecError(
+            f"{role}: {folder} needs about {gib(need)} of memory in {_name(dtype, folder)} (weights "
+            f"{gib(weights)} plus working memory) but only {gib(free)} is available ({how}); nothing was loaded. "
+            f"Allowed: a smaller model,{half} or a device_map with max_memory / offload_folder")
+    return need
+
+
+def dtype_name(folder, dtype) -> str:
+    """How a load's dtype reads in messages: "bfloat16"; for "auto", the saved dtype when config.json names it."""
+    if isinstance(dtype, torch.dtype):
+        return str(dtype).replace("torch.", "")
+    saved = checkpoint_dtype(folder)
+    return str(saved).replace("torch.", "") if saved else str(dtype)
+
+
+def _name(dtype, folder) -> str:
+    name = dtype_name(folder, dtype)
+    return name if isinstance(dtype, torch.dtype) or name == str(dtype) else f"its saved dtype ({name})"
