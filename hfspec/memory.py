@@ -130,8 +130,8 @@ def check_fits(folder, dtype, role: str = "model", available: int | None = None)
             " dtype bfloat16 (half the bytes of float32),")
         raise HfspecError(
             f"{role}: {folder} needs about {gib(need)} of memory in {_name(dtype, folder)} (weights "
-            f"{gib(weights)} plus working memory) but only {gib(free)} is available ({how}); nothing was loaded. "
-            f"Allowed: a smaller model,{half} or a device_map with max_memory / offload_folder")
+            f"{gib(weights)} plus working memory) but only {gib(free)} is available ({how}); nothing was loaded; "
+            f"allowed: a smaller model,{half} or a device_map with max_memory / offload_folder")
     return need
 
 

@@ -1,0 +1,168 @@
+"""bf16 / fp16 targets with lean and compiled drafts, the draft's bytes beside a bf16 target, and the memory check
+that refuses a checkpoint too big for the machine before loading it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import build_family, sharpen
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from hfspec import memory
+from hfspec.drafts import describe, make_draft, weight_bytes
+from hfspec.drafts.lean import LeanDecoder
+from hfspec.errors import HfspecError
+from hfspec.loading import load_model
+
+HALF = [torch.bfloat16, torch.float16]
+FAMILIES = ["llama", "qwen3", "gemma3"]
+
+
+def _target(family: str, dtype: torch.dtype, seed: int = 0):
+    return sharpen(build_family(family, init=0.1, seed=seed), 6.0).to(dtype)
+
+
+def _ids(n: int = 24) -> torch.Tensor:
+    return torch.randint(3, 96, (1, n), generator=torch.Generator().manual_seed(0))
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(torch.minimum(a.float().softmax(-1), b.float().softmax(-1)).sum(-1).mean())
+
+
+def _hf_reference(target, spec: str):
+    """The HF-forward RTN draft reading the target's own embedding rows, as the lean draft does."""
+    hf = make_draft(target, spec, lean=False)
+    hf.model.embed_tokens = target.model.embed_tokens
+    return hf
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_float_lean_step_of_a_half_target_computes_its_forward(family, dtype):
+    target = _target(family, dtype)
+    ids = _ids()
+    with torch.no_grad():
+        ref = target(ids).logits
+    got = LeanDecoder(target, bits=None)(ids).logits
+    assert got.dtype == torch.float32  # q is formed in fp32 whatever the target's dtype
+    # the HF forward rounds every activation to 8 (bf16) or 11 (fp16) bits, the lean step keeps fp32
+    # activations: they agree to the half type's rounding, not bit for bit
+    tol = (2 ** -4 if dtype == torch.bfloat16 else 2 ** -7) * max(1.0, float(ref.abs().max()))
+    assert (got - ref.float()).abs().max() <= tol
+    assert _overlap(got, ref) >= 0.98
+    # negative control: another model of the family is well outside that tolerance
+    with torch.no_grad():
+        other = _target(family, dtype, seed=3)(ids).logits
+    assert (other.float() - ref.float()).abs().max() > 4 * tol
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_lean_rtn4_of_a_half_target_matches_the_hf_forward_rtn4(family, dtype):
+    target = _target(family, dtype)
+    ids = _ids()
+    lean = make_draft(target, "rtn4")
+    hf = _hf_reference(target, "rtn4")
+    assert isinstance(lean, LeanDecoder) and not isinstance(hf, LeanDecoder)
+    assert f"for a {str(dtype).replace('torch.', '')} target" in describe(lean)["step"]
+    with torch.no_grad():
+        q_lean, q_hf = lean(ids).logits, hf(ids).logits
+    assert q_lean.dtype == torch.float32
+    assert _overlap(q_lean, q_hf) >= 0.95
+    other = make_draft(_target(family, dtype, seed=3), "rtn4")
+    with torch.no_grad():
+        assert _overlap(other(ids).logits, q_hf) < _overlap(q_lean, q_hf) - 0.1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_compiled_step_of_a_half_target_computes_the_eager_step(dtype, tmp_path, monkeypatch):
+    from hfspec.drafts import compiled
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setattr(compiled, "COMPILE_DIR", tmp_path)
+    target = _target("llama", dtype)
+    fast, eager = make_draft(target, "rtn4-compiled"), make_draft(target, "rtn4")
+    assert fast.compiled_step is not None
+    ids = _ids(40)
+    steps = {}
+    for name, draft in (("fast", fast), ("eager", eager)):
+        cache = draft.hfspec_new_cache()
+        draft.logits(ids[:, :30], None, None, cache, 1)
+        steps[name] = torch.cat([draft.logits(ids[:, i:i + 1], None, None, cache, 1) for i in range(30, 40)], 1)
+    got, want = steps["fast"], steps["eager"]
+    assert got.dtype == torch.float32
+    assert (got - want).abs().max() <= 2 ** -6 * max(1.0, float(want.abs().max()))
+
+
+def _wide_llama(dtype: torch.dtype) -> LlamaForCausalLM:
+    """Matrices big enough for the int4 kernel (the draft's real storage), tied embeddings like SmolLM2."""
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=2048, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    return LlamaForCausalLM(config).eval().to(dtype)
+
+
+def test_a_bf16_targets_rtn4_draft_holds_under_a_third_of_its_bytes():
+    target = _wide_llama(torch.bfloat16)
+    draft = make_draft(target, "rtn4")
+    ratio = weight_bytes(draft) / weight_bytes(target)
+    # 4-bit codes plus a bf16 scale and zero per 32 weights: 5 of 16 bits; norms and rotary tables add a little
+    assert 0.25 <= ratio <= 0.32, ratio
+    # the input rows come from the target's table itself: no copy
+    assert draft.embed_table.data_ptr() == target.model.embed_tokens.weight.data_ptr()
+    # control: the same draft holding its own bf16 copy of the table is well over the bound
+    assert (weight_bytes(draft) + target.model.embed_tokens.weight.nbytes) / weight_bytes(target) > 0.5
+
+
+def test_draft_build_reports_layer_progress(monkeypatch):
+    from hfspec.drafts import lean
+
+    monkeypatch.setattr(lean, "BUILD_PROGRESS_EVERY", 0.0)
+    messages: list[str] = []
+    make_draft(_wide_llama(torch.bfloat16), "rtn4", progress=messages.append)
+    assert messages[-1].startswith("building the draft: layer 2/2")
+
+
+# ------------------------------------------------------------------------------------------------ memory
+@pytest.fixture
+def saved_folder(tmp_path):
+    model = _wide_llama(torch.bfloat16)
+    model.save_pretrained(tmp_path)
+    return tmp_path, sum(p.numel() for p in model.parameters())
+
+
+def test_a_checkpoint_too_big_for_memory_is_refused_before_loading(saved_folder, monkeypatch):
+    folder, params = saved_folder
+    import transformers
+
+    def never(*args, **kwargs):
+        raise AssertionError("from_pretrained called although the model cannot fit")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", never)
+    monkeypatch.setenv(memory.ENV, "1MiB")
+    with pytest.raises(HfspecError, match=r"target: .* needs about .* GiB of memory in its saved dtype \(bfloat16\)"
+                                          r".*only 0\.0 GiB is available \(HFSPEC_AVAILABLE_MEMORY\)"):
+        load_model(folder, role="target", progress=False)
+
+
+def test_the_memory_estimate_prices_the_load_dtype(saved_folder, monkeypatch):
+    folder, params = saved_folder
+    assert memory.checkpoint_dtype(folder) == torch.bfloat16
+    assert memory.weight_bytes_on_load(folder, "auto") == 2 * params
+    assert memory.weight_bytes_on_load(folder, torch.float32) == 4 * params
+    need = memory.check_fits(folder, torch.float32, available=1 << 40)
+    assert need > 4 * params
+    with pytest.raises(HfspecError, match="allowed: a smaller model, dtype bfloat16"):
+        memory.check_fits(folder, torch.float32, role="target", available=need - 1)
+    # enough memory: the default ("auto") load runs and keeps the saved dtype
+    monkeypatch.setenv(memory.ENV, "64GiB")
+    assert load_model(folder, progress=False).dtype == torch.bfloat16
+
+
+def test_a_bad_memory_override_names_the_variable(monkeypatch):
+    monkeypatch.setenv(memory.ENV, "lots")
+    with pytest.raises(HfspecError, match="HFSPEC_AVAILABLE_MEMORY: got 'lots'; allowed"):
+        memory.available_bytes()
+    assert memory.parse_size("2GiB") == 2 << 30 and memory.parse_size("500MB") == 500 * 10**6
