@@ -6,6 +6,7 @@ import csv
 import json
 from pathlib import Path
 
+from hfspec import verify_cost
 from hfspec.errors import HfspecError
 from hfspec.stats import SpecStats, estimated_speedup, expected_tokens_per_pass
 
@@ -60,6 +61,7 @@ def stats_lines(stats: SpecStats, baseline=None, measured_speedup: float | None 
         lines.append(f"measured speed-up        {measured_speedup:.2f}×{_roughness(measurement)} ({median}"
                      f"{baseline.new_tokens} tokens, speculative {measured_speedup * plain:.1f} tok/s, plain "
                      f"decoding {plain:.1f} tok/s{_machine(measurement)})")
+    lines += [f"advice                   {line}" for line in [verify_cost.advice(s, baseline)] if line]
     return lines
 
 

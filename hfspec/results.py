@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from hfspec import verify_cost
 from hfspec.measure import Measurement
 from hfspec.settings import RunSettings
 from hfspec.stats import SpecStats, estimated_speedup, expected_tokens_per_pass
@@ -108,6 +109,7 @@ class RunResult:
             "estimated_speedup": s.estimated_speedup,
             "ideal_speedup": s.ideal_speedup,
             "measured_speedup": self.measured_speedup,
+            "advice": verify_cost.advice(s, b),  # a line recommending bf16 when the verify pass is the bottleneck
             "target_passes": s.target_passes,
             "new_tokens": s.new_tokens,
             "time_total": s.time_total,

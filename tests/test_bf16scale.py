@@ -166,3 +166,23 @@ def test_a_bad_memory_override_names_the_variable(monkeypatch):
     with pytest.raises(HfspecError, match="HFSPEC_AVAILABLE_MEMORY: got 'lots'; allowed"):
         memory.available_bytes()
     assert memory.parse_size("2GiB") == 2 << 30 and memory.parse_size("500MB") == 500 * 10**6
+
+
+# ------------------------------------------------------------------------------------------------ verify advice
+def test_advice_recommends_bf16_only_when_the_verify_pass_is_the_bottleneck():
+    from hfspec import report, verify_cost
+    from hfspec.session import Baseline
+    from hfspec.stats import SpecStats
+
+    baseline = Baseline(new_tokens=100, time_total=10.0)  # plain: 100 ms a token
+    slow = SpecStats(target_passes=40, time_target=40 * 0.25)  # 250 ms a pass: 2.5x
+    fast = SpecStats(target_passes=40, time_target=40 * 0.11)  # 1.1x
+    assert verify_cost.verify_ratio(slow, baseline) == pytest.approx(2.5)
+    line = verify_cost.advice(slow, baseline)
+    assert "verify pass 2.5× a one-token step" in line and "--dtype bfloat16" in line
+    assert any(row.startswith("advice") and "2.5×" in row for row in report.stats_lines(slow, baseline, 1.0))
+    # negative controls: a cheap verify pass, a bf16 target, no baseline
+    assert verify_cost.advice(fast, baseline) is None
+    assert not any(row.startswith("advice") for row in report.stats_lines(fast, baseline, 1.0))
+    assert verify_cost.advice(slow, baseline, torch.bfloat16) is None
+    assert verify_cost.advice(slow, None) is None
