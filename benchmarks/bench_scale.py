@@ -14,6 +14,8 @@ Per shape and dtype, in a fresh subprocess (so peak memory and threads do not le
                     with the target alone, and the peak while building the draft beside it; their ratio
   draft bytes       `weight_bytes(draft) / weight_bytes(target)`
   predicted         E[tokens per pass] / (verify/step + γ·c) at --alpha, for the lean and compiled steps
+  prepacked (fp32)  verify / step again with oneDNN-prepacked fp32 weights (`hfspec.fast_linear`, opt-in: it
+                    holds a second fp32 copy of the linear weights), and the lean prediction with it
   end to end        plain `generate` vs `hfspec.generate` (rtn4, greedy) of --e2e-tokens tokens from a short
                     prompt: tokens/s and their ratio. α on random weights means nothing (their distributions are
                     near-uniform noise, so what the draft agrees on says nothing about a trained model): this
@@ -86,6 +88,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="dtypes whose compiled step is built and timed (first compiles take 15-60 s each)")
     p.add_argument("--compile-max-params", type=float, default=2.0,
                    help="skip compiling above this many billion parameters")
+    p.add_argument("--no-prepack", action="store_true",
+                   help="fp32: skip timing the verify pass with oneDNN-prepacked weights (hfspec.fast_linear; it "
+                        "holds a second fp32 copy of the linear weights while it runs)")
     p.add_argument("--quick", action="store_true", help="3 repeats, 8 end-to-end tokens (checks the script runs)")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "scale"),
                    help="writes OUT.md and OUT.json ('' to print only)")
@@ -230,9 +235,38 @@ def measure(args, name: str, shape: dict, dtype_name: str) -> dict:
         if kind in ms:
             out[f"c_{kind}"] = ms[kind] / ms["step"]
             out[f"predicted_{kind}"] = tokens / (out["verify_ratio"] + args.gamma * out[f"c_{kind}"])
+    if dtype_name == "fp32" and not args.no_prepack:
+        out.update(prepacked(args, target, ids, out, tokens))
     if args.e2e_tokens:
         out.update(end_to_end(args, target, lean, shape))
     return out
+
+
+def prepacked(args, target, ids, out: dict, tokens: float) -> dict:
+    """The verify pass with oneDNN-prepacked fp32 weights (`hfspec.fast_linear`), timed beside the one-token
+    step (which keeps F.linear), then undone."""
+    from hfspec import fast_linear
+
+    added = fast_linear.prepack(target)
+    if not added:
+        return {}
+    try:
+        timers = {"step": step_timer(target, ids, args.context, 1),
+                  "verify": step_timer(target, ids, args.context, args.gamma + 1)}
+        for timer in timers.values():
+            timer()
+        samples = {k: [] for k in timers}
+        for _ in range(args.repeats):
+            for k, timer in timers.items():
+                samples[k].append(timer())
+        ratio = statistics.median(samples["verify"]) / statistics.median(samples["step"])
+    finally:
+        fast_linear.unprepack(target)
+    row = {"prepacked_gb": added / 1e9, "verify_ratio_prepacked": ratio}
+    for kind in ("lean", "compiled"):
+        if f"c_{kind}" in out:
+            row[f"predicted_{kind}_prepacked"] = tokens / (ratio + args.gamma * out[f"c_{kind}"])
+    return row
 
 
 def end_to_end(args, target, draft, shape: dict) -> dict:
@@ -265,17 +299,20 @@ def table(rows: list[dict], args) -> str:
             f"steps; predicted at α {args.alpha} (real SmolLM2-135M, rtn4); end to end on random weights "
             f"(α there means nothing)\n\n"
             "| shape | dtype | params (B) | target step ms | verify / step | c lean | c compiled | predicted lean "
-            "| predicted compiled | draft build s | first compile s | draft bytes / target | RSS target GB "
-            "| peak +draft GB | peak ratio | e2e plain tok/s | e2e hfspec tok/s |\n" + "|---" * 17 + "|\n")
+            "| predicted compiled | verify / step prepacked | predicted lean prepacked | draft build s "
+            "| first compile s | draft bytes / target | RSS target GB | peak +draft GB | peak ratio | e2e plain tok/s "
+            "| e2e hfspec tok/s |\n" + "|---" * 19 + "|\n")
     lines = []
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['shape']} | {r['dtype']} | failed: {r['error']} |" + " |" * 14)
+            lines.append(f"| {r['shape']} | {r['dtype']} | failed: {r['error']} |" + " |" * 16)
             continue
         lines.append(
             f"| {r['shape']} | {r['dtype']} | {r['params_b']:.2f} | {r['step_ms']:.1f} | {r['verify_ratio']:.2f} "
             f"| {r['c_lean']:.2f} | {_f(r.get('c_compiled'), '.2f')} | {r['predicted_lean']:.2f}× "
             f"| {_f(r.get('predicted_compiled'), '.2f')}{'×' if r.get('predicted_compiled') else ''} "
+            f"| {_f(r.get('verify_ratio_prepacked'), '.2f')} | {_f(r.get('predicted_lean_prepacked'), '.2f')}"
+            f"{'×' if r.get('predicted_lean_prepacked') else ''} "
             f"| {r['draft_build_s']:.1f} | {_f(r.get('compile_s'), '.0f')} | {r['draft_bytes_ratio']:.3f} "
             f"| {r['rss_target_gb']:.2f} | {r['peak_with_draft_gb']:.2f} | {r['peak_ratio']:.2f} "
             f"| {_f(r.get('e2e_plain_tok_s'), '.1f')} | {_f(r.get('e2e_spec_tok_s'), '.1f')} |")

@@ -186,3 +186,47 @@ def test_advice_recommends_bf16_only_when_the_verify_pass_is_the_bottleneck():
     assert not any(row.startswith("advice") for row in report.stats_lines(fast, baseline, 1.0))
     assert verify_cost.advice(slow, baseline, torch.bfloat16) is None
     assert verify_cost.advice(slow, None) is None
+
+
+# ------------------------------------------------------------------------------------------------ fast fp32 linear
+@pytest.mark.skipif(not __import__("hfspec.fast_linear").fast_linear.available(), reason="no oneDNN in this torch")
+def test_prepacked_linear_computes_f_linear_and_keeps_greedy_identity():
+    import hfspec
+    from hfspec import fast_linear
+    from tiny_models import build, perturbed
+
+    for arch in ("llama", "qwen2", "gpt_neox", "opt"):
+        target = build(arch, init=0.2)
+        draft = perturbed(target, scale=0.5)
+        ids = torch.tensor([[0, 5, 17, 33, 9]])
+        expected = target.generate(ids, do_sample=False, max_new_tokens=60, min_new_tokens=60)
+        with torch.no_grad():
+            ref = target(ids).logits
+        added = fast_linear.prepack(target)
+        assert added == fast_linear.prepacked_bytes(target) > 0
+        with torch.no_grad():
+            got = target(ids).logits
+        assert (got - ref).abs().max() <= 1e-5 * max(1.0, float(ref.abs().max()))  # fp32 rounding only
+        out = hfspec.generate(target, ids, draft=draft, gamma=3, temperature=0, max_new_tokens=60, min_new_tokens=60)
+        assert torch.equal(out.sequences, expected), arch
+        assert 0 < out.stats.accepted < out.stats.checked
+        # a weight changed in place is packed again (never a stale copy); negative control: it changes the logits
+        layer = next(m for m in target.modules() if getattr(m, "hfspec_packed", None) is not None)
+        with torch.no_grad():
+            layer.weight.mul_(1.5)
+            changed = target(ids).logits
+            fast_linear.unprepack(target)
+            assert torch.allclose(changed, target(ids).logits, atol=1e-5)
+            assert not torch.allclose(changed, ref, atol=1e-3)
+        assert fast_linear.prepacked_bytes(target) == 0
+
+
+def test_prepacking_leaves_half_precision_and_copies_alone():
+    import copy
+
+    from hfspec import fast_linear
+
+    assert fast_linear.prepack(_wide_llama(torch.bfloat16)) == 0
+    target = _wide_llama(torch.float32)
+    if fast_linear.prepack(target):
+        assert fast_linear.prepacked_bytes(copy.deepcopy(target)) == 0  # a copy runs F.linear (its weights may change)
