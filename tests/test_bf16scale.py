@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import build_family, sharpen
+from tiny_models import build, build_family, perturbed, sharpen
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from hfspec import memory
+import hfspec
+from hfspec import fast_linear, memory
 from hfspec.drafts import describe, make_draft, weight_bytes
 from hfspec.drafts.lean import LeanDecoder
 from hfspec.errors import HfspecError
@@ -189,12 +190,8 @@ def test_advice_recommends_bf16_only_when_the_verify_pass_is_the_bottleneck():
 
 
 # ------------------------------------------------------------------------------------------------ fast fp32 linear
-@pytest.mark.skipif(not __import__("hfspec.fast_linear").fast_linear.available(), reason="no oneDNN in this torch")
+@pytest.mark.skipif(not fast_linear.available(), reason="no oneDNN in this torch")
 def test_prepacked_linear_computes_f_linear_and_keeps_greedy_identity():
-    import hfspec
-    from hfspec import fast_linear
-    from tiny_models import build, perturbed
-
     for arch in ("llama", "qwen2", "gpt_neox", "opt"):
         target = build(arch, init=0.2)
         draft = perturbed(target, scale=0.5)
@@ -223,8 +220,6 @@ def test_prepacked_linear_computes_f_linear_and_keeps_greedy_identity():
 
 def test_prepacking_leaves_half_precision_and_copies_alone():
     import copy
-
-    from hfspec import fast_linear
 
     assert fast_linear.prepack(_wide_llama(torch.bfloat16)) == 0
     target = _wide_llama(torch.float32)

@@ -42,7 +42,10 @@ def _round_half(x: torch.Tensor, direction: float) -> torch.Tensor:
 
 def group_qparams(w: torch.Tensor, bits: int, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-group (scale, zero) in fp16, each [N, G]."""
-    g = _pad_groups(w.detach().float(), group_size)
+    return _qparams_of_groups(_pad_groups(w.detach().float(), group_size), bits)
+
+
+def _qparams_of_groups(g: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
     zero = _round_half(g.amin(dim=-1), -1.0)
     scale = _round_half((g.amax(dim=-1) - zero.float()) / (2**bits - 1), +1.0)
     return scale, zero
@@ -69,11 +72,11 @@ def group_quantize(w: torch.Tensor, bits: int, group_size: int) -> tuple[torch.T
 
 def _quantize_block(w: torch.Tensor, bits: int, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     rows, cols = w.shape
-    scale, zero = group_qparams(w, bits, group_size)
-    g = _pad_groups(w.detach().float(), group_size)
+    g = _pad_groups(w.detach().float(), group_size)  # may be `w` itself: only read
+    scale, zero = _qparams_of_groups(g, bits)
     s = scale.float().unsqueeze(-1)
     safe = torch.where(s > 0, s, torch.ones_like(s))
-    q = ((g - zero.float().unsqueeze(-1)) / safe).round_().clamp_(0, 2**bits - 1)
+    q = (g - zero.float().unsqueeze(-1)).div_(safe).round_().clamp_(0, 2**bits - 1)
     return q.to(torch.uint8).reshape(rows, -1)[:, :cols].contiguous(), scale, zero
 
 
