@@ -27,6 +27,7 @@ ENV = "HFSPEC_AVAILABLE_MEMORY"
 # first forward; this fraction of the weights plus a fixed amount is added to the estimate
 OVERHEAD_FRACTION = 0.10
 OVERHEAD_BYTES = 256 << 20
+DRAFT_SCRATCH_BYTES = 64 << 20  # building a draft quantises a block of rows at a time
 
 _SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
                       "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
@@ -146,3 +147,23 @@ def dtype_name(folder, dtype) -> str:
 def _name(dtype, folder) -> str:
     name = dtype_name(folder, dtype)
     return name if isinstance(dtype, torch.dtype) or name == str(dtype) else f"its saved dtype ({name})"
+
+
+def check_draft_fits(target, bits: int, group_size: int, available: int | None = None) -> int:
+    """Raise HfspecError when an RTN draft of `target` would not fit in the available memory (checked before
+    building it); return the estimate in bytes. A lean draft stores 2-4-bit codes as the int4 kernel's 4 bits
+    and 5-8-bit ones dequantised to bf16, plus a bf16 scale and zero per group; building adds a block of scratch."""
+    seen, weights = set(), 0
+    for p in target.parameters():
+        if p.dim() >= 2 and p.device.type == "cpu" and p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            weights += p.numel()
+    per_weight = (0.5 if bits <= 4 else 2.0) + 4 / group_size
+    need = int(weights * per_weight) + DRAFT_SCRATCH_BYTES
+    free = available if available is not None else available_bytes()
+    if free is not None and need > free:
+        raise HfspecError(
+            f"draft: an rtn{bits} draft of this target needs about {gib(need)} of memory but only {gib(free)} is "
+            f"available; nothing was built; allowed: a 2-4-bit draft (4 bits a weight instead of 16 at 5-8 bits), a "
+            f"prompt-lookup draft (no weights), or more free memory")
+    return need

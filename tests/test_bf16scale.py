@@ -225,3 +225,15 @@ def test_prepacking_leaves_half_precision_and_copies_alone():
     target = _wide_llama(torch.float32)
     if fast_linear.prepack(target):
         assert fast_linear.prepacked_bytes(copy.deepcopy(target)) == 0  # a copy runs F.linear (its weights may change)
+
+
+def test_a_draft_too_big_for_memory_is_refused_before_building(monkeypatch):
+    target = _wide_llama(torch.bfloat16)
+    need = memory.check_draft_fits(target, 4, 32, available=1 << 40)
+    params = 2048 * 256 + 2 * (256 * 256 + 2 * 256 * 128 + 256 * 256 + 3 * 256 * 512)  # tied table once
+    assert need == int(params * (0.5 + 4 / 32)) + memory.DRAFT_SCRATCH_BYTES
+    monkeypatch.setenv(memory.ENV, str(need - 1))
+    with pytest.raises(HfspecError, match=r"draft: an rtn4 draft of this target needs about .* allowed: a 2-4-bit"):
+        make_draft(target, "rtn4")
+    monkeypatch.setenv(memory.ENV, str(need))  # control: just enough memory builds it
+    assert isinstance(make_draft(target, "rtn4"), LeanDecoder)

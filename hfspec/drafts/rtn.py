@@ -29,8 +29,11 @@ def make_rtn_draft(target: nn.Module, bits: int, group_size: int, fused: bool | 
     HF-forward path only (the int4 kernel where a layer allows it). compiled: also compile the lean one-token
     step (`hfspec.drafts.compiled`; needs the lean step), reporting through `progress(message)`.
     """
+    from hfspec import memory
     from hfspec.drafts.lean import LeanDecoder, lean_reason
     from hfspec.quant.swap import quantize_model
+
+    memory.check_draft_fits(target, bits, group_size)  # an error before building, not an OOM kill midway
 
     if compiled and (lean is False or fused is not None):
         raise HfspecError("draft options: a compiled step needs the lean step; allowed: compiled drafts without "
