@@ -35,4 +35,5 @@ def advice(stats, baseline, dtype=None) -> str | None:
         return None
     return (f"verify pass {ratio:.1f}× a one-token step: the target's pass over γ+1 positions limits the "
             f"speed-up; float32 matmuls over several rows are slow on CPUs, bfloat16 ones are not: try "
-            f"--dtype bfloat16")
+            f"--dtype bfloat16 (or, in Python, hfspec.fast_linear.prepack(target): a second fp32 copy of the "
+            f"weights)")
