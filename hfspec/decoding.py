@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hfspec.costmodel import RoundMeter, time_one_token_steps
 from hfspec.drafts.base import Draft, NoDraft, attach_draft
 from hfspec.kv_model import CachedModel
 from hfspec.sampling import sample, verify, verify_greedy
@@ -93,10 +94,12 @@ def decode(target: torch.nn.Module, draft: Draft | None, input_ids: torch.Tensor
     while run.active:
         if run.user_stopped():
             break
+        run.meter.begin(len(run.active))
         proposal = propose(run)
         verdict = verify_proposal(run, proposal)
         done = commit(run, proposal, verdict)
         settle(run, proposal, verdict, done)
+        run.meter.end(proposal.gamma, sum(done.accepted))  # the round's costs, for `hfspec.costmodel`
     return run.finish()
 
 
@@ -116,6 +119,7 @@ class _Run:
         self.slots = Slots(input_ids, attention_mask)
         self.target = job.target_runner or CachedModel(target)
         attach_draft(self.draft, self.target)
+        self.meter = RoundMeter(self.stats.costs, self.target, self.draft)
         self.out: list[list[int]] = [[] for _ in range(batch)]
         self.kinds: list[list[str]] = [[] for _ in range(batch)]
         self.active = list(range(batch))
@@ -136,6 +140,8 @@ class _Run:
         if self.job.streamer is not None:
             self.job.streamer.end()
         _copy_model_stats(self)
+        if not self.stats.stopped:
+            time_one_token_steps(self.stats.costs, self.target, self.slots)  # the cost model's t(1), outside time_total
         batch, device = self.input_ids.shape[0], self.input_ids.device
         width = max(len(row) for row in self.out) if self.out else 0
         sequences = torch.full((batch, self.prompt_len + width), self.job.pad_token_id, dtype=self.input_ids.dtype,
@@ -154,7 +160,9 @@ def propose(run: _Run) -> Proposal:
     start = run.slots.size
     groups = _history_groups([run.history(r) for r in run.active], device) if job.scorer.needs_history else None
     clock = (run.draft.seconds, run.draft.forwards)
-    x, q = run.draft.propose(run.slots, gamma, _picker(job, groups, device))
+    early = getattr(job.policy, "decide", None)  # an early exit (hfspec.early_exit) ends the draft's round
+    x, q = run.draft.propose(run.slots, gamma, run.meter.timed(_picker(job, groups, device)),
+                             **({"decide": early} if early else {}))
     return Proposal(x, q, start, gamma, groups, clock)
 
 
@@ -181,12 +189,14 @@ def verify_proposal(run: _Run, proposal: Proposal) -> Verdict:
     logits = run.target.feed(slots.tokens, slots.positions, slots.valid, proposal.start + gamma, gamma + 1,
                              slots.all_valid)
     logits = logits.to(run.input_ids.device)
+    run.meter.scoring()
     if scorer.do_sample:
         # q None: a draft without distributions proposes deterministically (q one-hot on x; `verify` forms it
         # only at the one position per row that needs it)
         n, token = verify(scorer.probs(proposal.groups, proposal.x, logits), proposal.q, proposal.x, run.job.generator)
     else:
         n, token = verify_greedy(scorer.greedy(proposal.groups, proposal.x, logits), proposal.x)
+    run.meter.scored()
     return Verdict(n, token, run.target.seconds - before)
 
 
@@ -221,6 +231,8 @@ def _report(run: _Run, proposal: Proposal, verdict: Verdict, done: Committed) ->
     if job.streamer is not None and done.tokens[0]:
         job.streamer.put(run.input_ids.new_tensor(done.tokens[0]).cpu())
     stats.record_round(gamma, done.accepted, done.checked, [len(t) for t in done.tokens], run.active)
+    if hasattr(job.policy, "observe"):  # an early exit learns which positions were accepted
+        job.policy.observe(done.accepted, done.checked)
     # A round where the draft had nothing to propose (prompt lookup without a match) says nothing about α or
     # c, and is not the policy choosing plain decoding: the policy does not learn from it.
     if run.speculative and not (proposal.asked > 0 and gamma == 0):
@@ -229,8 +241,9 @@ def _report(run: _Run, proposal: Proposal, verdict: Verdict, done: Committed) ->
         job.policy.update(gamma, sum(done.accepted), sum(done.checked), d_step, verdict.target_seconds)
     _copy_model_stats(run)
     if job.on_round is not None:
-        job.on_round(RoundEvent(run.round_index, gamma, done.accepted, done.tokens, done.kinds, stats,
-                                list(run.active)))
+        with run.meter.excluded():  # a live display's time is not the round's
+            job.on_round(RoundEvent(run.round_index, gamma, done.accepted, done.tokens, done.kinds, stats,
+                                    list(run.active)))
     run.round_index += 1
 
 

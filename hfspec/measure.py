@@ -43,6 +43,13 @@ class Measurement:
         return self.speculative_tokens_per_second / plain if plain else 0.0
 
     @property
+    def estimated_speedup(self) -> float:
+        """The cost model (`hfspec.costmodel`) fitted to the timed pairs: the speed-up they predict."""
+        from hfspec.costmodel import from_pairs
+
+        return from_pairs(self.speculative_runs, self.plain_runs).speedup if self.speculative_runs else 0.0
+
+    @property
     def rough(self) -> bool:
         return self.pairs < ROUGH_BELOW
 

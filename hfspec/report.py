@@ -32,8 +32,8 @@ STOP_WORDS = {"eos": "EOS", "max_tokens": "max new tokens", "stop_criteria": "st
 
 def stats_lines(stats: SpecStats, baseline=None, measured_speedup: float | None = None,
                 measurement=None) -> list[str]:
-    """The numbers of one run, one per line. The estimate uses the measured c_time; the bytes-based figure is
-    the weight-bound ideal. `baseline` (`hfspec.session.Baseline`) and `measured_speedup`
+    """The numbers of one run, one per line. The estimate is the cost model (`hfspec.costmodel`) fitted to the
+    timed measurement (else to the run); the paper's formula (c time) and the weight-bound ideal beside it. `baseline` (`hfspec.session.Baseline`) and `measured_speedup`
     (`RunResult.measured_speedup`) add the measured speed-up line; `measurement` (`hfspec.measure.Measurement`)
     adds how rough it is and how busy the machine was."""
     s = stats
@@ -49,7 +49,8 @@ def stats_lines(stats: SpecStats, baseline=None, measured_speedup: float | None 
         f"accepted length hist     {s.accepted_length_hist}",
         f"c (time)                 {s.c_time:.3f}  (mean draft forward / mean target forward, measured)",
         f"c (bytes)                {s.c_bytes:.3f}  ({s.draft_bytes / 1e6:.2f} MB / {s.target_bytes / 1e6:.2f} MB)",
-        f"estimated speed-up       {s.estimated_speedup:.2f}× (c time); weight-bound ideal "
+        f"estimated speed-up       {_estimate(s, measurement):.2f}× (cost model: {_source(s, measurement)}); "
+        f"paper's formula {s.paper_speedup:.2f}× (c time, no verify width or overhead), weight-bound ideal "
         f"{s.ideal_speedup:.2f}× (c bytes)",
         f"time                     {s.time_total:.2f} s: draft {s.time_draft:.2f}, target {s.time_target:.2f}, "
         f"other {s.time_other:.2f}",
@@ -63,6 +64,19 @@ def stats_lines(stats: SpecStats, baseline=None, measured_speedup: float | None 
                      f"decoding {plain:.1f} tok/s{_machine(measurement)})")
     lines += [f"advice                   {line}" for line in [verify_cost.advice(s, baseline)] if line]
     return lines
+
+
+def _estimate(stats: SpecStats, measurement) -> float:
+    """The cost model fitted to the timed pairs when there are some, else to the run itself."""
+    if measurement is not None and measurement.speculative_runs:
+        return measurement.estimated_speedup
+    return stats.estimated_speedup
+
+
+def _source(stats: SpecStats, measurement) -> str:
+    if measurement is not None and measurement.speculative_runs:
+        return "fitted to the timed speculative and plain runs"
+    return stats.prediction.source if stats.target_passes else "nothing measured"
 
 
 def _roughness(measurement) -> str:

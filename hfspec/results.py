@@ -72,6 +72,14 @@ class RunResult:
         return speculative / self.baseline.tokens_per_second
 
     @property
+    def estimated_speedup(self) -> float:
+        """The cost model fitted to the timed measurement when there is one (never the live run, which a display
+        slows), else to the run itself."""
+        if self.measurement is not None and self.measurement.speculative_runs:
+            return self.measurement.estimated_speedup
+        return self.stats.estimated_speedup
+
+    @property
     def pairs(self) -> int:
         """(speculative, plain) pairs behind the measured speed-up (0: not measured)."""
         return self.measurement.pairs if self.measurement else 0
@@ -106,7 +114,8 @@ class RunResult:
             "expected_tokens_per_pass": s.expected_tokens_per_pass,
             "c": s.c_bytes,
             "c_time": s.c_time,
-            "estimated_speedup": s.estimated_speedup,
+            "estimated_speedup": self.estimated_speedup,
+            "paper_speedup": s.paper_speedup,
             "ideal_speedup": s.ideal_speedup,
             "measured_speedup": self.measured_speedup,
             "advice": verify_cost.advice(s, b),  # a line recommending bf16 when the verify pass is the bottleneck
@@ -162,14 +171,25 @@ class SweepResult:
                 "c_time": sum(p.c_time for p in pts) / len(pts), "c_bytes": pts[0].c_bytes}
 
     def curve(self, draft: str, gammas: Iterable[float] | None = None) -> dict[str, list[float]]:
-        """The formula over γ from the pooled α: tokens per pass, the estimate (c_time), the ideal (c_bytes)."""
+        """Over γ from the pooled α: tokens per pass (the paper's formula), the estimate (the cost models fitted
+        at the draft's points, averaged), the paper's formula with c_time and the weight-bound ideal (c_bytes)."""
+        from hfspec.costmodel import CostModel, speedup_at
+
         pooled = self.pooled(draft)
         alpha = pooled["alpha"]
         gs = list(gammas) if gammas is not None else list(range(1, max(self.gammas) + 1))
+        pts = [p for p in self.points if p.draft == draft and p.cost_model]
+
+        def estimate(g: float) -> float:
+            values = [speedup_at(CostModel(**p.cost_model), alpha, g, p.new_tokens / max(1, p.repeats))
+                      for p in pts]
+            return sum(values) / len(values) if values else 0.0
+
         return {
             "gamma": gs,
             "tokens_per_pass": [expected_tokens_per_pass(alpha, g) for g in gs],
-            "estimated_speedup": [estimated_speedup(alpha, g, pooled["c_time"]) for g in gs],
+            "estimated_speedup": [estimate(g) for g in gs],
+            "paper_speedup": [estimated_speedup(alpha, g, pooled["c_time"]) for g in gs],
             "ideal_speedup": [estimated_speedup(alpha, g, pooled["c_bytes"]) for g in gs],
         }
 

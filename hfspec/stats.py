@@ -1,9 +1,16 @@
-"""Statistics of a speculative run, as data, and the paper's formulas (Leviathan et al. 2023, §3)."""
+"""Statistics of a speculative run, as data, and the paper's formulas (Leviathan et al. 2023, §3).
+
+A run's estimated speed-up is the cost model's (`hfspec.costmodel`: verify width, time outside forwards and the
+prefill priced from what the run measured). The paper's formula, which prices a round as γ draft steps plus one
+target step and nothing else, stays available as `speedup_ignoring_verify_and_overhead` (and
+`SpecStats.paper_speedup`); `hfspec.estimated_speedup(α, γ, c)` is that formula.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from hfspec.costmodel import CostRecord, Prediction, predict
 from hfspec.validate import AUTO_GAMMA_MAX
 
 
@@ -14,9 +21,25 @@ def expected_tokens_per_pass(alpha: float, gamma: int) -> float:
     return (1 - alpha ** (gamma + 1)) / (1 - alpha)
 
 
-def estimated_speedup(alpha: float, gamma: int, c: float) -> float:
-    """Expected wall-time improvement (1 − α^(γ+1)) / ((1 − α)(γc + 1)) (Leviathan et al. 2023, Thm 3.8)."""
+def speedup_ignoring_verify_and_overhead(alpha: float, gamma: int, c: float) -> float:
+    """The paper's expected wall-time improvement (1 − α^(γ+1)) / ((1 − α)(γc + 1)) (Leviathan et al. 2023,
+    Thm 3.8): a round costs γ draft steps and one target step. It leaves out that the verify pass over γ + 1
+    positions costs more than a step, the time outside forwards and the prefill (see `hfspec.costmodel`)."""
     return expected_tokens_per_pass(alpha, gamma) / (1 + gamma * c)
+
+
+def estimated_speedup(alpha: float, gamma: int, c: float) -> float:
+    """The paper's formula, `speedup_ignoring_verify_and_overhead` (kept under this public name). A run's
+    `SpecStats.estimated_speedup` is the cost model's prediction instead."""
+    return speedup_ignoring_verify_and_overhead(alpha, gamma, c)
+
+
+def _histogram_formula(alpha: float, gammas: list[int], c: float) -> float:
+    """The paper's formula over rounds of different γ: Σ E[tokens | γ] / Σ (1 + γc)."""
+    if not gammas:
+        return 0.0
+    tokens = sum(expected_tokens_per_pass(alpha, g) for g in gammas)
+    return tokens / sum(1 + g * c for g in gammas)
 
 
 def optimal_gamma(alpha: float, c: float, gamma_max: int = AUTO_GAMMA_MAX) -> int:
@@ -53,6 +76,13 @@ class SpecStats:
     target_bytes: int = 0
     stopped: bool = False
     stop_reasons: list[str] = field(default_factory=list)  # per row: eos | max_tokens | stop_criteria | user
+    costs: CostRecord = field(default_factory=CostRecord)  # per-round seconds, for the cost model
+    plain_costs: CostRecord | None = None  # a plain run's, timed beside this one (`attach_baseline`)
+
+    def attach_baseline(self, plain: SpecStats) -> SpecStats:
+        """Use a plain run timed beside this one for the cost model's one-token step and plain overhead."""
+        self.plain_costs = plain.costs if self.plain_costs is None else self.plain_costs.merge(plain.costs)
+        return self
 
     def record_round(
         self, gamma: int, accepted: list[int], checked: list[int], committed: list[int], rows: list[int]
@@ -111,19 +141,42 @@ class SpecStats:
 
     @property
     def expected_tokens_per_pass(self) -> float:
-        return expected_tokens_per_pass(self.alpha, round(self.mean_gamma))
+        """The paper's (1 − α^(γ+1)) / (1 − α) averaged over the rounds' γ (one α for every position)."""
+        g = self.gamma_per_round
+        return sum(expected_tokens_per_pass(self.alpha, k) for k in g) / len(g) if g else 0.0
+
+    @property
+    def prediction(self) -> Prediction:
+        """The cost model's prediction for this run (`hfspec.costmodel.predict`)."""
+        return predict(self)
 
     @property
     def estimated_speedup(self) -> float:
-        """The paper's estimate (1 − α^(γ+1)) / ((1 − α)(1 + γc)) with the measured c = c_time; 0 before a
-        draft forward was timed. `ideal_speedup` is the same formula with c = c_bytes (weight-bound ideal)."""
+        """Predicted speculative over plain tokens/s from the cost model fitted to this run (verify width, time
+        outside forwards, prefill; the one-token step from an attached plain run, the run's own one-position
+        rounds or timing passes after it); 0 before a round was measured."""
+        return self.prediction.speedup if self.target_passes else 0.0
+
+    @property
+    def paper_speedup(self) -> float:
+        """The paper's estimate (1 − α^(γ+1)) / ((1 − α)(1 + γc)) with the measured c = c_time over the rounds'
+        γ, ignoring the verify width, the time outside forwards and the prefill; 0 before a draft forward was
+        timed."""
         c = self.c_time
-        return estimated_speedup(self.alpha, round(self.mean_gamma), c) if c > 0 else 0.0
+        return _histogram_formula(self.alpha, self.gamma_per_round, c) if c > 0 else 0.0
 
     @property
     def ideal_speedup(self) -> float:
-        """The estimate with c = c_bytes: what a purely weight-bandwidth-bound machine would reach."""
-        return estimated_speedup(self.alpha, round(self.mean_gamma), self.c_bytes)
+        """The paper's estimate with c = c_bytes: what a purely weight-bandwidth-bound machine would reach."""
+        return _histogram_formula(self.alpha, self.gamma_per_round, self.c_bytes)
+
+    @property
+    def predicted_tokens_per_second(self) -> float:
+        return self.prediction.speculative_tokens_per_second if self.target_passes else 0.0
+
+    @property
+    def predicted_plain_tokens_per_second(self) -> float:
+        return self.prediction.plain_tokens_per_second if self.target_passes else 0.0
 
     @property
     def stop_reason(self) -> str:
@@ -155,14 +208,19 @@ class SpecStats:
         out.draft_bytes, out.target_bytes = other.draft_bytes, other.target_bytes
         out.stopped = self.stopped or other.stopped
         out.stop_reasons = self.stop_reasons + other.stop_reasons
+        out.costs = self.costs.merge(other.costs)
+        plains = [p for p in (self.plain_costs, other.plain_costs) if p is not None]
+        out.plain_costs = plains[0].merge(plains[1]) if len(plains) == 2 else (plains[0] if plains else None)
         return out
 
     def to_dict(self) -> dict:
         """All counts plus the derived numbers, JSON-ready."""
         out = asdict(self)
         for name in ("alpha", "tokens_per_pass", "mean_gamma", "c_bytes", "c_time", "expected_tokens_per_pass",
-                     "estimated_speedup", "ideal_speedup", "stop_reason", "tokens_per_second", "time_other"):
+                     "estimated_speedup", "paper_speedup", "ideal_speedup", "predicted_tokens_per_second",
+                     "predicted_plain_tokens_per_second", "stop_reason", "tokens_per_second", "time_other"):
             out[name] = getattr(self, name)
+        out["estimate_source"] = self.prediction.source if self.target_passes else ""
         return out
 
 

@@ -8,8 +8,9 @@ measured right beside its run (the order alternates between pairs), never cached
 
 A row pools its repeats for the draft's statistics (α = Σ accepted / Σ checked, tokens per pass = Σ tokens /
 Σ passes); tokens/s and the measured speed-up are the measurement's medians. `*_sd` is the sample standard
-deviation over repeats (None for one repeat), for error bars. The estimate uses the measured c_time;
-`ideal_speedup` the weight-bound c_bytes.
+deviation over repeats (None for one repeat), for error bars. The estimate is the cost model
+(`hfspec.costmodel`) fitted to the point's pairs; `paper_speedup` is the paper's formula with the measured c_time
+and `ideal_speedup` with the weight-bound c_bytes.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from dataclasses import asdict, dataclass
 import torch
 
 import hfspec
+from hfspec.costmodel import predict
 from hfspec.measure import Measurement, measure_speedup
-from hfspec.stats import SpecStats, estimated_speedup, expected_tokens_per_pass
+from hfspec.stats import SpecStats
 from hfspec.validate import GAMMA_MAX
 
 FIELDS = [
@@ -30,7 +32,7 @@ FIELDS = [
     "tokens_per_pass", "tokens_per_pass_sd", "expected_tokens_per_pass", "c_bytes", "c_time", "estimated_speedup",
     "estimated_speedup_sd", "ideal_speedup", "tokens_per_second", "baseline_tokens_per_second",
     "baseline_new_tokens", "measured_speedup", "measured_speedup_sd", "greedy_identical", "fidelity", "threads",
-    "load_avg",
+    "load_avg", "paper_speedup", "predicted_tokens_per_second",
 ]
 
 Stop = Callable[[], bool] | None
@@ -54,7 +56,7 @@ class SweepRow:
     expected_tokens_per_pass: float
     c_bytes: float
     c_time: float
-    estimated_speedup: float          # the paper's formula with the measured c_time
+    estimated_speedup: float          # the cost model fitted to the point's (speculative, plain) pairs
     estimated_speedup_sd: float | None
     ideal_speedup: float              # the same with c_bytes: a weight-bandwidth-bound machine
     tokens_per_second: float
@@ -66,6 +68,9 @@ class SweepRow:
     fidelity: float | None = None     # mean Σ min(p, q) over the prompt's positions, when available
     threads: int | None = None        # torch threads while measuring
     load_avg: float | None = None     # the 1-minute load average when measuring started
+    paper_speedup: float | None = None  # the paper's formula with c_time (no verify width, no overhead)
+    predicted_tokens_per_second: float | None = None  # the cost model's speculative tokens/s
+    cost_model: dict | None = None    # the fitted `hfspec.costmodel.CostModel`, for curves over γ
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -141,26 +146,22 @@ def measure_point(target, draft, label: str, gamma, input_ids, sampling: dict, s
 def _row(label: str, gamma, measured: Measurement, identical) -> SweepRow:
     runs = measured.speculative_runs
     pooled, base = _pool(runs), _pool(measured.plain_runs)
-
-    def g_of(s: SpecStats) -> int:
-        return round(s.mean_gamma) if gamma == "auto" else int(gamma)
-
-    def est(s: SpecStats) -> float:
-        return estimated_speedup(s.alpha, g_of(s), s.c_time) if s.c_time > 0 else 0.0
-
-    g = g_of(pooled)
+    prediction = predict(pooled, base)
+    per_pair = [predict(s, p).speedup for s, p in zip(runs, measured.plain_runs, strict=True)]
     return SweepRow(
         draft=label, gamma=gamma, repeats=len(runs), alpha=pooled.alpha, alpha_sd=_sd([s.alpha for s in runs]),
         checked=pooled.checked, accepted=pooled.accepted, target_passes=pooled.target_passes,
         new_tokens=pooled.new_tokens, tokens_per_pass=pooled.tokens_per_pass,
         tokens_per_pass_sd=_sd([s.tokens_per_pass for s in runs]),
-        expected_tokens_per_pass=expected_tokens_per_pass(pooled.alpha, g), c_bytes=pooled.c_bytes,
-        c_time=pooled.c_time, estimated_speedup=est(pooled), estimated_speedup_sd=_sd([est(s) for s in runs]),
-        ideal_speedup=estimated_speedup(pooled.alpha, g, pooled.c_bytes),
+        expected_tokens_per_pass=pooled.expected_tokens_per_pass, c_bytes=pooled.c_bytes,
+        c_time=pooled.c_time, estimated_speedup=prediction.speedup, estimated_speedup_sd=_sd(per_pair),
+        ideal_speedup=pooled.ideal_speedup,
         tokens_per_second=measured.speculative_tokens_per_second,
         baseline_tokens_per_second=measured.plain_tokens_per_second, baseline_new_tokens=base.new_tokens,
         measured_speedup=measured.measured_speedup, measured_speedup_sd=measured.speedup_sd,
         greedy_identical=identical, threads=measured.threads, load_avg=measured.load_avg,
+        paper_speedup=pooled.paper_speedup, predicted_tokens_per_second=prediction.speculative_tokens_per_second,
+        cost_model=asdict(prediction.model),
     )
 
 

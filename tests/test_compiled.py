@@ -145,3 +145,49 @@ def test_compiled_spec_reads_labels_and_refuses_what_cannot_compile():
         make_draft(build("llama"), "rtn4-compiled", lean=False)
     with pytest.raises(HfspecError, match="GPT2LMHeadModel cannot take"):
         make_draft(build("gpt2"), "rtn4-compiled")
+
+
+@pytest.mark.parametrize("kind", ["file", "inside a file"])
+def test_an_unusable_compile_folder_falls_back_with_the_full_disk_warning(tmp_path, monkeypatch, kind):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the compile folder should be")
+    folder = blocker if kind == "file" else blocker / "inductor"
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setattr(compiled, "COMPILE_DIR", folder)
+    target = build("llama")
+    messages = []
+    with pytest.warns(RuntimeWarning, match="torch.compile failed .*compile folder .*unusable"):
+        draft = make_draft(target, "rtn4-compiled", progress=messages.append)
+    assert draft.compiled_step is None and "one-token step eager (compile failed: " in describe(draft)["step"]
+    assert any("using the eager lean step" in m for m in messages)
+    assert blocker.read_text() == "a file where the compile folder should be"  # nothing of the user's removed
+    ids = torch.tensor([[0, 5, 9]])
+    kw = dict(temperature=0.0, max_new_tokens=12, min_new_tokens=12)
+    assert torch.equal(hfspec.generate(target, ids, draft, **kw).sequences,
+                       hfspec.plain_generate(target, ids, **kw).sequences)
+
+
+def test_the_artefact_is_shared_across_thread_counts_and_the_build_warms_every_path(own_cache, monkeypatch):
+    """The dashboard runs torch with a thread fewer than the CLI: the same draft must load, not recompile. And a
+    built draft's first decode calls nothing that compiles."""
+    from torch._dynamo.utils import counters
+
+    target = build("llama", seed=3)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        make_draft(target, "rtn4-compiled")
+        torch._dynamo.reset()
+        counters.clear()
+        torch.set_num_threads(2)
+        draft = make_draft(target, "rtn4-compiled")
+    finally:
+        torch.set_num_threads(threads)
+    assert draft.compiled_step is not None
+    assert counters["inductor"]["fxgraph_cache_hit"] >= 1 and counters["inductor"]["fxgraph_cache_miss"] == 0
+    compiles = dict(counters["stats"])
+    ids = torch.tensor([[0, 5, 9, 40]])
+    kw = dict(temperature=0.0, max_new_tokens=24, min_new_tokens=24)
+    assert torch.equal(hfspec.generate(target, ids, draft, **kw).sequences,
+                       hfspec.plain_generate(target, ids, **kw).sequences)
+    assert dict(counters["stats"]) == compiles, "decoding compiled something the build had not"
