@@ -52,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="generate once; tokens coloured by origin; statistics")
     _common(run)
     run.add_argument("--gamma", type=_gamma)
+    run.add_argument("--early-exit", action="store_true",
+                     help="the draft stops a round early when another token does not pay (γ is the cap)")
     run.add_argument("--no-baseline", action="store_true", help="skip the plain run (measured speed-up)")
     run.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-new-tokens tokens")
     run.add_argument("--json", action="store_true", help="print statistics as JSON")
@@ -137,7 +139,7 @@ def _settings(args, **extra):
     overrides = {k: v for k, v in {
         "target": args.target, "draft": args.draft, "temperature": args.temperature, "top_k": args.top_k,
         "top_p": args.top_p, "max_new_tokens": args.max_new_tokens, "seed": args.seed, "prompt": args.prompt,
-        "gamma": getattr(args, "gamma", None),
+        "gamma": getattr(args, "gamma", None), "early_exit": getattr(args, "early_exit", None) or None,
     }.items() if v is not None}
     settings = replace(RunSettings.from_preset(args.preset, **overrides), **extra).validated()
     for spec in (getattr(args, "drafts", None) or settings.draft).split(","):

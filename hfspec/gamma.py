@@ -5,6 +5,7 @@ The choice for a round is made before the target sees that round, so it cannot b
 
 from __future__ import annotations
 
+from hfspec.costmodel import Acceptance, CostModel, CostRecord, best_gamma
 from hfspec.stats import estimated_speedup, optimal_gamma
 from hfspec.validate import AUTO_GAMMA_MAX
 
@@ -24,7 +25,12 @@ class FixedGamma:
 
 
 class AdaptiveGamma:
-    """Picks argmax_γ (1 − α^(γ+1)) / ((1 − α)(γc + 1)) from decayed estimates of α and c.
+    """Picks the γ with the most predicted tokens/s from a decayed estimate of α and the run's costs.
+
+    With `costs` (the run's `CostRecord`, filled by the decoding loop) the rate is the cost model's
+    (`hfspec.costmodel`): E[tokens | γ] / (draft(γ) + t(γ + 1) + o(γ)), with the verify line t(n) learnt as γ
+    moves (and from plain rounds), so a verify pass that grows with its width pulls γ down. Without it, or
+    before `MIN_MODEL_ROUNDS` rounds were measured, the paper's argmax_γ (1 − α^(γ+1)) / ((1 − α)(γc + 1)).
 
     α: accepted / checked over recent rounds (exponential decay, with a weak prior of α = 0.5).
     c: mean draft forward time / mean target forward time over recent rounds. `c_prior` (e.g. the bytes ratio)
@@ -34,9 +40,12 @@ class AdaptiveGamma:
     it decodes plainly (γ = 0) and probes with γ = 1 every `probe_every` rounds to keep α and c fresh.
     """
 
+    MIN_MODEL_ROUNDS = 3
+
     def __init__(self, gamma_max: int = AUTO_GAMMA_MAX, c_prior: float = 0.2, decay: float = 0.95, start: int = 4,
-                 probe_every: int = 8):
+                 probe_every: int = 8, costs: CostRecord | None = None):
         self.gamma_max = gamma_max
+        self.costs = costs
         self.decay = decay
         self.probe_every = probe_every
         self.label = "auto"
@@ -73,5 +82,10 @@ class AdaptiveGamma:
             self._c = 0.8 * self._c + 0.2 * measured if self._c_measured else measured
             self._c_measured = True
         alpha = min(self.alpha, 0.999)
+        if self.costs is not None and self.costs.rounds >= self.MIN_MODEL_ROUNDS:
+            model = CostModel.fit(self.costs)
+            if model.plain_token_seconds > 0:
+                self._gamma = best_gamma(model, Acceptance(alpha), self.gamma_max)[0]
+                return
         best = optimal_gamma(alpha, self._c, self.gamma_max)
         self._gamma = best if estimated_speedup(alpha, best, self._c) > 1.0 else 0

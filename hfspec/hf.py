@@ -14,6 +14,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from hfspec import validate
 from hfspec.decoding import DecodeJob, decode
 from hfspec.drafts.base import NoDraft, as_draft
+from hfspec.early_exit import check_early_exit, with_early_exit
 from hfspec.gamma import AdaptiveGamma, FixedGamma
 from hfspec.options import check_speculative_options, given_to_generate
 from hfspec.request import Request
@@ -46,12 +47,13 @@ def speculative_generate(
     plain: bool = False,
     stop_strings: str | list[str] | None = None,
     hfspec_request: Request | None = None,
+    early_exit: bool = False,
     **model_kwargs,
 ):
     """The decoding loop transformers calls after its input preparation (pass as `custom_generate=`).
     `hfspec_request`: the request `hfspec.generate` already checked (the other hfspec arguments are then unused)."""
     request = hfspec_request or Request.for_loop(model, input_ids, draft_model, gamma, plain=plain, seed=seed,
-                                                 on_round=on_round, should_stop=should_stop)
+                                                 on_round=on_round, should_stop=should_stop, early_exit=early_exit)
     stopping_criteria = check_speculative_options(model, request.draft, input_ids, generation_config,
                                                   stopping_criteria, streamer, stop_strings)
     streamer = streamer if streamer is not None else given_to_generate("streamer")
@@ -69,6 +71,9 @@ def speculative_generate(
         stats=stats,
     )
     draft = NoDraft() if request.plain else as_draft(request.draft, vocab=request.draft_vocab)
+    if request.early_exit:
+        check_early_exit(request.early_exit, draft)
+        job.policy = with_early_exit(job.policy, stats)
     result = decode(model, draft, input_ids, model_kwargs.get("attention_mask"), job)
     if generation_config.return_dict_in_generate:
         return SpeculativeOutput(sequences=result.sequences, stats=result.stats, token_kinds=result.kinds)
@@ -88,9 +93,13 @@ def generate(
     attention_mask: torch.Tensor | None = None,
     on_round=None,
     should_stop=None,
+    early_exit: bool = False,
     **generation_kwargs,
 ) -> SpeculativeOutput:
     """Speculative decoding of `target` with `draft`; returns `.sequences`, `.stats` and `.token_kinds`.
+
+    early_exit: the draft may stop a round early (γ is then the cap) when its calibrated confidence and the
+    cost model say another token does not pay (`hfspec.early_exit`); exact, like any proposal.
 
     temperature 0 means greedy (the target's greedy text, token for token); > 0 samples exactly from the
     target's distribution. Other keyword arguments go to `target.generate` (e.g. `eos_token_id`, `min_p`,
@@ -99,7 +108,7 @@ def generate(
     return _run(Request.for_generate(
         target, input_ids, draft, gamma, plain=False, temperature=temperature, top_k=top_k, top_p=top_p,
         max_new_tokens=max_new_tokens, seed=seed, attention_mask=attention_mask, on_round=on_round,
-        should_stop=should_stop, generation_kwargs=generation_kwargs))
+        should_stop=should_stop, generation_kwargs=generation_kwargs, early_exit=early_exit))
 
 
 def plain_generate(
@@ -150,7 +159,7 @@ def _generator(seed: int | None, device) -> torch.Generator | None:
 
 def _policy(gamma, stats: SpecStats):
     if gamma == "auto":
-        return AdaptiveGamma(c_prior=stats.c_bytes)
+        return AdaptiveGamma(c_prior=stats.c_bytes, costs=stats.costs)
     return FixedGamma(int(gamma))
 
 

@@ -36,13 +36,16 @@ class Request:
     attention_mask: torch.Tensor | None = None
     max_new_tokens: int | None = None
     generate_kwargs: dict = field(default_factory=dict)
+    early_exit: bool = False  # the draft may end a round early (`hfspec.early_exit`)
 
     @classmethod
     def for_loop(cls, target, input_ids, draft, gamma, *, plain=False, seed=None, on_round=None,
-                 should_stop=None, draft_field: str = "draft_model") -> Request:
+                 should_stop=None, draft_field: str = "draft_model", early_exit: bool = False) -> Request:
         """The checks the decoding loop relies on: seed, γ, a draft that shares the target's tokens, and
         position ids for batches."""
         validate.check_seed(seed)
+        if not isinstance(early_exit, bool):
+            raise validate.bad_value("early_exit", early_exit, "True or False")
         vocab = None
         if not plain:
             validate.check_gamma(gamma)
@@ -53,12 +56,12 @@ class Request:
             draft = None
         if input_ids.shape[0] > 1 and not validate.accepts_positions(target, draft):
             raise validate.bad_value("input_ids", tuple(input_ids.shape), "batch size 1 for models without position_ids")
-        return cls(target, draft, gamma, plain, seed, on_round, should_stop, vocab)
+        return cls(target, draft, gamma, plain, seed, on_round, should_stop, vocab, early_exit=early_exit and not plain)
 
     @classmethod
     def for_generate(cls, target, input_ids, draft, gamma, *, plain: bool, temperature=None, top_k=None, top_p=None,
                      max_new_tokens=None, seed=None, attention_mask=None, on_round=None, should_stop=None,
-                     generation_kwargs: dict | None = None) -> Request:
+                     generation_kwargs: dict | None = None, early_exit: bool = False) -> Request:
         """`hfspec.generate` / `plain_generate`'s arguments, checked before any model runs."""
         kwargs = check_generate_kwargs(input_ids, temperature, seed, generation_kwargs or {})
         if not plain:
@@ -67,7 +70,7 @@ class Request:
         validate.check_input_ids(input_ids, attention_mask)
         request = replace(
             cls.for_loop(target, input_ids, draft, gamma, plain=plain, seed=seed, on_round=on_round,
-                         should_stop=should_stop, draft_field="draft"),
+                         should_stop=should_stop, draft_field="draft", early_exit=early_exit),
             input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
             generate_kwargs=_sampling_kwargs(kwargs, temperature, top_k, top_p, max_new_tokens))
         validate.check_length(target, input_ids.shape[1], max_new_tokens)

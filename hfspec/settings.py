@@ -36,6 +36,7 @@ class RunSettings:
     ignore_eos: bool = False  # generate exactly max_new_tokens (EOS masked, as min_new_tokens does)
     device: str = ""  # "" : the session's default; cpu | cuda | cuda:N | mps | auto
     dtype: str = ""   # "" : the session's default; float32 | bfloat16 | float16 | auto
+    early_exit: bool = False  # the draft may end a round early when another token does not pay (hfspec.early_exit)
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> RunSettings:
@@ -66,7 +67,7 @@ class RunSettings:
             raise bad_value("max_new_tokens", self.max_new_tokens, "an integer >= 1")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**64:
             raise bad_value("seed", self.seed, "an integer from 0 to 2**64 - 1")
-        for name in ("chat", "measure_baseline", "ignore_eos"):
+        for name in ("chat", "measure_baseline", "ignore_eos", "early_exit"):
             if not isinstance(getattr(self, name), bool):
                 raise bad_value(name, getattr(self, name), "True or False")
         for name, parse in (("device", parse_device), ("dtype", parse_dtype)):
@@ -88,7 +89,7 @@ class RunSettings:
         } | ({"min_new_tokens": int(self.max_new_tokens)} if self.ignore_eos else {})
 
     def generate_kwargs(self) -> dict:
-        return {"gamma": self.gamma, **self.sampling_kwargs()}
+        return {"gamma": self.gamma, **self.sampling_kwargs()} | ({"early_exit": True} if self.early_exit else {})
 
     def to_dict(self) -> dict:
         return asdict(self)

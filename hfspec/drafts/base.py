@@ -90,7 +90,8 @@ class ModelDraft:
     def positions_fed(self) -> int:
         return self.runner.positions_fed
 
-    def propose(self, slots: Slots, gamma: int, pick: Pick):
+    def propose(self, slots: Slots, gamma: int, pick: Pick, decide=None):
+        """`decide(j, logits, x_j, q_j) -> (propose x_j, go on)`: an early exit (`hfspec.early_exit`), or None."""
         start = slots.size
         xs, qs = [], []
         for j in range(gamma):
@@ -100,10 +101,15 @@ class ModelDraft:
                 logits = logits.clone()
                 logits[..., self.vocab:] = -float("inf")
             x_j, q_j = pick(logits, slots.tokens[:, start:])
+            propose, go_on = decide(j, logits, x_j, q_j) if decide is not None else (True, True)
+            if not propose:
+                break
             xs.append(x_j)
             if q_j is not None:
                 qs.append(q_j)
             slots.append(x_j[:, None])
+            if not go_on:
+                break
         x = torch.stack(xs, dim=1) if xs else slots.tokens.new_empty((slots.tokens.shape[0], 0))
         return x, (torch.stack(qs, dim=1) if qs else None)
 
