@@ -7,7 +7,13 @@ Compiling takes seconds to minutes on a CPU, so it happens once when the draft i
 `progress`, and inductor's artefacts are kept on disk (`COMPILE_DIR`, unless TORCHINDUCTOR_CACHE_DIR is set):
 a second process reuses them. A broken artefact (a compile killed midway can leave a truncated library) is
 survived: our folder is emptied and the compile redone (in a folder the user chose, with inductor's caches
-off instead), and when even that fails the draft keeps the eager lean step with a warning saying why.
+off instead), and when even that fails the draft keeps the eager lean step with a warning saying why; a compile
+folder that cannot be used (a file of that name, no room, no write permission) gets the same warning.
+
+The artefacts do not depend on torch's thread count (`cpp.dynamic_threads`: the kernels read it when they run),
+so the dashboard, which leaves a core to its window, and the CLI share them. Building the step also runs the
+paths the decoding loop will take (one-token steps across a cache growth, catch-up feeds, the eager lean step
+over prompt-sized feeds), so the first run after a fresh compile meets nothing new.
 """
 
 from __future__ import annotations
@@ -51,12 +57,16 @@ class CompiledStep:
 
     def _compile(self, say: Callable[[str], None]) -> None:
         owned = _inductor_dir_unchosen()
-        if owned:
-            COMPILE_DIR.mkdir(parents=True, exist_ok=True)
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(COMPILE_DIR)
-        where = os.environ["TORCHINDUCTOR_CACHE_DIR"]
         began = time.perf_counter()
         errors = []
+        if owned:
+            try:
+                _usable_folder(COMPILE_DIR)
+            except OSError as error:
+                self._give_up([f"compile folder {COMPILE_DIR} unusable: {_first_line(error)}"], say, began)
+                return
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(COMPILE_DIR)
+        where = os.environ["TORCHINDUCTOR_CACHE_DIR"]
         say(f"compiling the draft step (the first time takes a while; kept in {where} for the next run)…")
         for retry in (False, True):
             try:
@@ -73,15 +83,42 @@ class CompiledStep:
                     shutil.rmtree(where, ignore_errors=True)  # a truncated artefact must not break the next run
                     Path(where).mkdir(parents=True, exist_ok=True)
                 say(f"compiling the draft step failed ({errors[-1]}); compiling afresh, without cached artefacts…")
-        self.seconds = time.perf_counter() - began
         if self.fn is None:
-            self.path = f"eager (compile failed: {errors[-1]})"
-            warnings.warn(f"draft step: torch.compile failed twice ({'; '.join(errors)}); using the eager lean step",
-                          RuntimeWarning, stacklevel=3)
-            say(f"draft step: compile failed, using the eager lean step ({errors[-1]})")
+            self._give_up(errors, say, began)
             return
+        try:
+            self._warm_up()
+        except Exception as error:  # noqa: BLE001 - a step that fails on a real path must not be used
+            self.fn = None
+            self._give_up([f"warm-up failed: {_first_line(error)}"], say, began)
+            return
+        self.seconds = time.perf_counter() - began
         self.path = "compiled"
         say(f"compiled the draft step in {self.seconds:.1f} s")
+
+    def _give_up(self, errors: list[str], say: Callable[[str], None], began: float) -> None:
+        """The eager lean step, with a warning saying why (one wording for every way a compile can fail)."""
+        self.seconds = time.perf_counter() - began
+        self.path = f"eager (compile failed: {errors[-1]})"
+        warnings.warn(f"draft step: torch.compile failed ({'; '.join(errors)}); using the eager lean step",
+                      RuntimeWarning, stacklevel=4)
+        say(f"draft step: compile failed, using the eager lean step ({errors[-1]})")
+
+    @torch.no_grad()
+    def _warm_up(self) -> None:
+        """Run what decoding will run, once, on scratch caches: the compiled step at the first slots and across a
+        cache growth (CACHE_CHUNK), through `decoder.logits` as catch-up feeds of up to COMPILED_FEED_MAX tokens;
+        the eager lean step over longer (prompt) feeds."""
+        from hfspec.drafts.lean import CACHE_CHUNK, COMPILED_FEED_MAX
+
+        decoder = self.decoder
+        ids = torch.zeros(1, 1, dtype=torch.long)
+        cache = decoder.hfspec_new_cache()
+        for slot in (0, 1, 2, CACHE_CHUNK - 1, CACHE_CHUNK, CACHE_CHUNK + 1):
+            self(ids, slot, cache)
+        for steps in (COMPILED_FEED_MAX + 9, COMPILED_FEED_MAX + 1, *range(COMPILED_FEED_MAX, 0, -1)):
+            cache = decoder.hfspec_new_cache() if steps > COMPILED_FEED_MAX else cache
+            decoder.logits(ids.expand(1, steps), None, None, cache, 1)
 
     def _compile_once(self, no_cache: bool) -> None:
         """Compile on a scratch cache and check the result against the eager one-token step."""
@@ -105,7 +142,8 @@ class CompiledStep:
                                  method.__defaults__, method.__closure__)
         fn = torch.compile(types.MethodType(own, decoder), fullgraph=True, dynamic=False,
                            options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe})
-        with torch.no_grad(), config.patch(force_disable_caches=no_cache):
+        # dynamic threads: the artefact is the same whatever torch's thread count (else part of its cache key)
+        with torch.no_grad(), config.patch({"force_disable_caches": no_cache, "cpp.dynamic_threads": True}):
             got = fn(ids, slot, self.tables, cache.keys, cache.values)
             want = decoder.one_token(ids, slot, self.tables, cache.keys, cache.values)
         if not torch.allclose(got, want, atol=1e-3, rtol=1e-3):
@@ -134,6 +172,14 @@ class _ticker:
         self.done.set()
         self.thread.join()
         return False
+
+
+def _usable_folder(folder: Path) -> None:
+    """Create `folder` and check a file can be written in it; OSError otherwise (e.g. a file of that name)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    probe = folder / f".hfspec-probe-{os.getpid()}"
+    probe.write_bytes(b"")
+    probe.unlink()
 
 
 def _first_line(error: Exception) -> str:
