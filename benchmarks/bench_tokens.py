@@ -15,6 +15,10 @@ first, in one process: the measured speed-up is pooled speculative tokens/s over
 - paper: (1 − α^(γ+1)) / ((1 − α)(1 + γc)) with the measured c, which leaves out the verify width, the time
   outside forwards and the prefill.
 
+With --cross-gamma G a chain row is also measured at γ = G and predicted there from the model fitted at the
+row's own γ (α and costs from one γ, the speed-up at another): the check that the model is more than a
+re-reading of the run it was fitted to.
+
 "gemma3-tiny" is a Gemma 3 text model built from a config with random weights, sharpened so its next-token
 distributions are peaky: its costs are real, its α says little about trained models.
 Writes a markdown table to stdout and, with --out, `<out>.md` and `<out>.json`.
@@ -72,6 +76,7 @@ def measure(target, draft, ids, gamma: int, early_exit: bool, temperature: float
     """`repeats` alternating (speculative, plain) pairs; pooled rates, the estimates, greedy identity at T = 0."""
     kw = dict(temperature=temperature, max_new_tokens=n, min_new_tokens=n)
     runs, plains, identical = [], [], None
+    reference = spec_sequences = None
     for r in range(repeats):
         order = (False, True) if r % 2 == 0 else (True, False)
         for plain in order:
@@ -107,6 +112,7 @@ def measure(target, draft, ids, gamma: int, early_exit: bool, temperature: float
         "time_split": {"draft": pooled.time_draft / pooled.time_total, "target": pooled.time_target /
                        pooled.time_total, "other": pooled.time_other / pooled.time_total},
         "cost_model": pooled.prediction.model.__dict__,
+        "_stats": (pooled, base),
     }
 
 
@@ -119,6 +125,7 @@ def main() -> None:
     p.add_argument("--temperatures", default="0,1")
     p.add_argument("--methods", default="chain,early-exit")
     p.add_argument("--prompt", default="Once upon a time")
+    p.add_argument("--cross-gamma", type=int, help="also measure chain rows at this γ, predicted from their own γ")
     p.add_argument("--out", help="write <out>.md and <out>.json (e.g. benchmarks/results/tokens)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -142,6 +149,13 @@ def main() -> None:
                 r = measure(target, draft, ids, gamma, exit_, temperature, args.max_new_tokens, args.repeats,
                             args.seed)
                 r.update(model=name, temperature=temperature, method=method, gamma=gamma)
+                pooled, base = r.pop("_stats")
+                if args.cross_gamma and not exit_:
+                    other = measure(target, draft, ids, args.cross_gamma, False, temperature, args.max_new_tokens,
+                                    args.repeats, args.seed)
+                    other.pop("_stats")
+                    r["cross"] = {"gamma": args.cross_gamma, "measured_speedup": other["measured_speedup"],
+                                  "predicted_from_own_gamma": predict(pooled, base, gamma=args.cross_gamma).speedup}
                 rows.append(r)
                 same = "-" if r["greedy_identical"] is None else ("yes" if r["greedy_identical"] else "NO")
                 line = (f"| {name} | {temperature:g} | {method} | {gamma} | {r['alpha']:.3f} | "
@@ -149,6 +163,10 @@ def main() -> None:
                         f"{r['plain_tokens_per_second']:.1f} | {r['measured_speedup']:.2f} | "
                         f"{r['predicted_speedup']:.2f} | {r['predicted_error']:+.0%} | {r['predicted_alone']:.2f} | "
                         f"{r['paper_speedup']:.2f} | {same} |")
+                if "cross" in r:
+                    c = r["cross"]
+                    line += (f" at γ {c['gamma']}: measured {c['measured_speedup']:.2f}×, predicted from γ {gamma} "
+                             f"{c['predicted_from_own_gamma']:.2f}× ({c['predicted_from_own_gamma'] / c['measured_speedup'] - 1:+.0%})")
                 lines.append(line)
                 print(line, flush=True)
     lines.append(f"<!-- {time.perf_counter() - began:.0f} s; load average at the end {_load()} -->")
