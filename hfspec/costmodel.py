@@ -31,6 +31,7 @@ says so).
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 
 ONE_TOKEN_TIMINGS = 2  # one-token target passes timed after a run that had none of its own
@@ -435,9 +436,7 @@ def predict(stats, plain=None, gamma=None) -> Prediction:
         hist = {int(gamma): 1.0}
     else:
         acceptance = _ByLength(acceptance, stats.costs)
-        hist = {}
-        for k in stats.gamma_per_round:
-            hist[k] = hist.get(k, 0.0) + 1.0
+        hist = dict(Counter(stats.gamma_per_round))
     rows = stats.row_passes / stats.target_passes if stats.target_passes else 1.0
     per_row = stats.new_tokens / max(1, stats.batch_size)
     return predict_from(model, acceptance, hist, per_row or 128, rows)

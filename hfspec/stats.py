@@ -8,6 +8,7 @@ target step and nothing else, stays available as `speedup_ignoring_verify_and_ov
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 from hfspec.costmodel import CostRecord, Prediction, predict
@@ -38,8 +39,9 @@ def _histogram_formula(alpha: float, gammas: list[int], c: float) -> float:
     """The paper's formula over rounds of different γ: Σ E[tokens | γ] / Σ (1 + γc)."""
     if not gammas:
         return 0.0
-    tokens = sum(expected_tokens_per_pass(alpha, g) for g in gammas)
-    return tokens / sum(1 + g * c for g in gammas)
+    hist = Counter(gammas)
+    tokens = sum(r * expected_tokens_per_pass(alpha, g) for g, r in hist.items())
+    return tokens / sum(r * (1 + g * c) for g, r in hist.items())
 
 
 def optimal_gamma(alpha: float, c: float, gamma_max: int = AUTO_GAMMA_MAX) -> int:
@@ -142,8 +144,9 @@ class SpecStats:
     @property
     def expected_tokens_per_pass(self) -> float:
         """The paper's (1 − α^(γ+1)) / (1 − α) averaged over the rounds' γ (one α for every position)."""
-        g = self.gamma_per_round
-        return sum(expected_tokens_per_pass(self.alpha, k) for k in g) / len(g) if g else 0.0
+        g = Counter(self.gamma_per_round)
+        total = sum(g.values())
+        return sum(r * expected_tokens_per_pass(self.alpha, k) for k, r in g.items()) / total if total else 0.0
 
     @property
     def prediction(self) -> Prediction:
