@@ -92,6 +92,7 @@ class CompiledStep:
             self.fn = None
             self._give_up([f"warm-up failed: {_first_line(error)}"], say, began)
             return
+        _end_compile_workers()
         self.seconds = time.perf_counter() - began
         self.path = "compiled"
         say(f"compiled the draft step in {self.seconds:.1f} s")
@@ -172,6 +173,18 @@ class _ticker:
         self.done.set()
         self.thread.join()
         return False
+
+
+def _end_compile_workers() -> None:
+    """End inductor's compile worker processes once the step is built: left alive they hold memory and can take
+    a core from the decoding that follows (on a small machine torch's OpenMP threads stall when another process
+    runs). A later compile starts them again."""
+    try:
+        from torch._inductor.async_compile import shutdown_compile_workers
+
+        shutdown_compile_workers()
+    except Exception:  # noqa: BLE001 - housekeeping only; the compiled step is built either way
+        pass
 
 
 def _usable_folder(folder: Path) -> None:
