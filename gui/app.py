@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import signal
 import sys
 
 # Qt's xcb platform plugin (the X11 window system) loads these system libraries; when one is missing Qt
@@ -49,13 +50,26 @@ def xcb_advice(packages: list[str]) -> str:
             "(or run without a display: QT_QPA_PLATFORM=offscreen)")
 
 
-def default_threads(cores: int | None = None) -> int:
-    """torch's CPU threads in the dashboard: every core but one, which the window keeps. With every core busy,
-    torch's OpenMP threads stall whenever the window wakes (measured on 2 cores: the default preset's plain
-    decoding 280-330 tok/s with 2 threads under the window, 420 with 1; the CLI, without a window, keeps torch's
-    default)."""
-    cores = cores or os.cpu_count() or 1
-    return max(1, cores - 1)
+def default_threads() -> int:
+    """torch's CPU threads in the dashboard: torch's own default, as `hfspec run` and `hfspec sweep` use, so that
+    the same settings measure the same speed-up in both, and a draft step compiled by either is found in the
+    other's compile cache (inductor's cache key includes the thread count)."""
+    import torch
+
+    return torch.get_num_threads()
+
+
+def quit_on_interrupt(app):
+    """Ctrl+C in the terminal quits the application. Python runs its signal handlers only between bytecodes, so
+    a timer wakes the interpreter regularly while Qt's event loop waits; returns that timer."""
+    from PySide6.QtCore import QTimer
+
+    signal.signal(signal.SIGINT, lambda *_: app.quit())
+    timer = QTimer(app)
+    timer.setInterval(200)
+    timer.timeout.connect(lambda: None)
+    timer.start()
+    return timer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settings", help="settings .ini file (default: the user's; also $HFSPEC_GUI_SETTINGS)")
     parser.add_argument("--run", action="store_true", help="start a run at once")
     parser.add_argument("--threads", type=int, default=None,
-                        help=f"torch's CPU threads (default: every core but one, here {default_threads()})")
+                        help="torch's CPU threads (default: torch's own, as `hfspec run` uses)")
     args, qt_args = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if args.threads is not None and args.threads < 1:
         print(f"hfspec gui: error: --threads: got {args.threads}; allowed: an integer >= 1", file=sys.stderr)
@@ -86,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     from gui.main_window import MainWindow
     from gui.settings import open_settings
 
-    torch.set_num_threads(args.threads or default_threads())
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
 
     app = QApplication.instance() or QApplication([sys.argv[0], *qt_args])
     app.setApplicationName("hfspec dashboard")
@@ -95,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.preset and not window.controls.choose_preset(args.preset):
         window.show_error("preset", f"preset: unknown preset {args.preset!r}")
     app.aboutToQuit.connect(window.controller.shutdown)
+    quit_on_interrupt(app)
     window.show()
+    print(f"hfspec gui: {torch.get_num_threads()} torch threads; Ctrl+C here quits", file=sys.stderr, flush=True)
     if args.run:
         window.start_run()
     code = app.exec()

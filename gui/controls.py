@@ -1,13 +1,16 @@
-"""The settings panel: preset, target, draft, device, γ, sampling, prompt (scrolling), and Run / Stop (always
-in view below the scrolling part)."""
+"""The settings panel: preset, target, draft, device, γ and sampling (scrolling), then the prompt, Run / Stop
+and the progress bar, always in view below the scrolling part."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtWidgets import (
+    QAbstractSpinBox,
     QCheckBox,
     QComboBox,
-    QDoubleSpinBox,
     QFileDialog,
     QFormLayout,
     QFrame,
@@ -19,14 +22,14 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QScrollArea,
-    QSpinBox,
     QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
+from gui import theme
 from gui.draft_form import DraftForm
-from gui.widgets import guard_wheel
+from gui.widgets import CheckedDoubleSpinBox, CheckedSpinBox, guard_wheel
 from hfspec.errors import HfspecError
 from hfspec.session import GAMMA_MAX, RunSettings, context_length
 
@@ -56,34 +59,47 @@ def _devices() -> list[tuple[str, str]]:
     return out + [("auto", "auto")]
 
 
+@dataclass
+class Binding:
+    """One RunSettings field on the form: how to read it, fill it, and the signals an edit fires."""
+
+    read: Callable[[], object]
+    write: Callable[[object], None]
+    signals: tuple = ()
+    preset_value: bool = True  # a preset sets it: editing it turns the preset box to "custom"
+
+
 class ControlPanel(QWidget):
     """Emits `run_requested` / `stop_requested`; `settings()` reads the form, `set_settings()` fills it. Any edit
-    of a preset's values turns the preset box to "custom"; choosing a preset (again) resets the form to it."""
+    of a preset's values turns the preset box to "custom"; choosing a preset (again) resets the form to it.
+    Enter in any field (Ctrl+Enter in the prompt) runs; Tab leaves the prompt."""
 
     run_requested = Signal()
     stop_requested = Signal()
+    edited = Signal()               # any field changed
 
     def __init__(self, parent=None):
         super().__init__(parent)
         self._filling = False
         self._preset_name = ""
-        body = QWidget()
-        layout = QVBoxLayout(body)
+        self.body = QWidget()
+        layout = QVBoxLayout(self.body)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addWidget(self._models_box())
         layout.addWidget(self._decoding_box())
-        layout.addWidget(self._prompt_box(), 1)
+        layout.addStretch(1)
         self.scroll = QScrollArea()
-        self.scroll.setWidget(body)
+        self.scroll.setWidget(self.body)
         self.scroll.setWidgetResizable(True)
         self.scroll.setFrameShape(QFrame.Shape.NoFrame)
         self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.wheel_guard = guard_wheel(body)
+        self.wheel_guard = guard_wheel(self.body)
+        self.prompt_box = self._prompt_box()  # outside the scrolling part: always in view above Run
 
         self.run_button = QPushButton("Run")
         self.run_button.setDefault(True)
         self.run_button.setStyleSheet("font-weight: bold;")
-        self.run_button.setToolTip("Generate with these settings (Ctrl+R)")
+        self.run_button.setToolTip("Generate with these settings (Enter, or Ctrl+R)")
         self.stop_button = QPushButton("Stop")
         self.stop_button.setEnabled(False)
         self.stop_button.setToolTip("End the run within one target pass (Esc)")
@@ -91,31 +107,80 @@ class ControlPanel(QWidget):
         self.progress.setTextVisible(True)
         self.progress.setRange(0, 1)
         self.progress.setValue(0)
+        self.input_note = QLabel()
+        self.input_note.setWordWrap(True)
+        self.input_note.hide()
         footer = QVBoxLayout()
         buttons = QHBoxLayout()
         buttons.addWidget(self.run_button, 1)
         buttons.addWidget(self.stop_button, 1)
+        footer.addWidget(self.input_note)
         footer.addLayout(buttons)
         footer.addWidget(self.progress)
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 4)
         outer.addWidget(self.scroll, 1)
+        outer.addWidget(self.prompt_box)
         outer.addLayout(footer)
 
+        self.bindings = self._bindings()
         self.run_button.clicked.connect(self.run_requested)
         self.stop_button.clicked.connect(self.stop_requested)
         self.preset.activated.connect(lambda index: self._preset_chosen(self.preset.itemText(index)))
-        for signal in (self.target.textChanged, self.draft.changed, self.gamma.valueChanged,
-                       self.gamma_auto.toggled, self.temperature.valueChanged, self.top_k.valueChanged,
-                       self.top_p.valueChanged, self.max_new_tokens.valueChanged, self.seed.valueChanged,
-                       self.prompt.textChanged, self.chat.toggled, self.ignore_eos.toggled):
-            signal.connect(self._edited)
+        for binding in self.bindings.values():
+            for signal in binding.signals:
+                signal.connect(self._edited if binding.preset_value else self.edited)
         self.target.textChanged.connect(self._limit_tokens)
         self.gamma_auto.toggled.connect(self._show_gamma)
+        for spin in self.body.findChildren(QAbstractSpinBox):
+            if hasattr(spin, "refused"):
+                spin.refused.connect(lambda text, s=spin: self._refused(s, text))
+                spin.valueChanged.connect(lambda _=None: self.show_input_note(""))
+                spin.base_tip = spin.toolTip()
+                _range_tip(spin)
         self._show_gamma(False)
         self._show_preset_info()
         # never narrower than its content: nothing clipped on the right (it scrolls vertically only)
-        self.scroll.setMinimumWidth(body.minimumSizeHint().width() + self.scroll.verticalScrollBar().sizeHint().width())
+        self.scroll.setMinimumWidth(self.body.minimumSizeHint().width()
+                                    + self.scroll.verticalScrollBar().sizeHint().width())
+
+    def _bindings(self) -> dict[str, Binding]:
+        """Every RunSettings field but `preset` (the form's preset box says that), once."""
+        def text(edit):
+            return Binding(lambda: edit.text().strip(), lambda v: edit.setText(str(v)), (edit.textChanged,))
+
+        def number(spin, kind):
+            return Binding(spin.value, lambda v: spin.setValue(kind(v)), (spin.valueChanged,))
+
+        def check(box, preset_value=True):
+            return Binding(box.isChecked, lambda v: box.setChecked(bool(v)), (box.toggled,), preset_value)
+
+        def choice(combo):
+            return Binding(combo.currentData, lambda v: combo.setCurrentIndex(max(combo.findData(v or ""), 0)),
+                           (combo.currentIndexChanged,), False)
+
+        def write_gamma(value):
+            self.gamma_auto.setChecked(value == "auto")
+            if value != "auto":
+                self.gamma.setValue(int(value))
+
+        return {
+            "target": text(self.target),
+            "draft": Binding(self.draft.spec, self.draft.set_spec, (self.draft.changed,)),
+            "gamma": Binding(lambda: "auto" if self.gamma_auto.isChecked() else self.gamma.value(), write_gamma,
+                             (self.gamma.valueChanged, self.gamma_auto.toggled)),
+            "temperature": number(self.temperature, float),
+            "top_k": number(self.top_k, int),
+            "top_p": number(self.top_p, float),
+            "max_new_tokens": number(self.max_new_tokens, int),
+            "seed": number(self.seed, int),
+            "prompt": Binding(self.prompt.toPlainText, self.prompt.setPlainText, (self.prompt.textChanged,)),
+            "chat": check(self.chat),
+            "measure_baseline": check(self.baseline, preset_value=False),
+            "ignore_eos": check(self.ignore_eos),
+            "device": choice(self.device),
+            "dtype": choice(self.dtype),
+        }
 
     # ----------------------------------------------------------------- building
     def _models_box(self) -> QGroupBox:
@@ -128,7 +193,7 @@ class ControlPanel(QWidget):
                                "choosing one again resets the form to it")
         self.preset_info = QLabel()
         self.preset_info.setWordWrap(True)
-        self.preset_info.setStyleSheet("color: #555; font-size: 11px;")
+        self.preset_info.setStyleSheet(f"color: {theme.current().muted}; font-size: 11px;")
         form.addRow("Preset", self.preset)
         form.addRow(self.preset_info)
         self.target = QLineEdit()
@@ -161,30 +226,38 @@ class ControlPanel(QWidget):
     def _decoding_box(self) -> QGroupBox:
         box = QGroupBox("Decoding")
         form = QFormLayout(box)
-        self.gamma = QSpinBox(minimum=1, maximum=GAMMA_MAX, value=4)
+        self.gamma = CheckedSpinBox(minimum=1, maximum=GAMMA_MAX, value=4)
         self.gamma.setToolTip("Draft tokens proposed per target pass")
+        self.gamma.setObjectName("γ (draft length)")
         self.gamma_auto = QCheckBox("auto")
         self.gamma_auto.setToolTip("Choose γ each pass from the running acceptance rate and measured cost")
         self.gamma_auto_note = QLabel("chosen each pass")
-        self.gamma_auto_note.setStyleSheet("color: #555;")
+        self.gamma_auto_note.setStyleSheet(f"color: {theme.current().muted};")
         self.gamma_auto_note.setToolTip("The Live tab plots the γ chosen for every target pass")
         row = QHBoxLayout()
         row.addWidget(self.gamma, 1)
         row.addWidget(self.gamma_auto_note, 1)
         row.addWidget(self.gamma_auto)
         form.addRow("γ (draft length)", row)
-        self.temperature = QDoubleSpinBox(minimum=0.0, maximum=5.0, singleStep=0.1, decimals=2, value=1.0)
+        self.temperature = CheckedDoubleSpinBox(minimum=0.0, maximum=5.0, singleStep=0.1, decimals=2, value=1.0)
         self.temperature.setToolTip("0 is greedy decoding")
+        self.temperature.setObjectName("temperature")
         form.addRow("Temperature", self.temperature)
-        self.top_k = QSpinBox(minimum=0, maximum=1_000_000, value=0)
+        self.top_k = CheckedSpinBox(minimum=0, maximum=1_000_000, value=0)
         self.top_k.setSpecialValueText("off")
+        self.top_k.setToolTip("Keep the k most likely tokens; 0 is off")
+        self.top_k.setObjectName("top-k")
         form.addRow("Top-k", self.top_k)
-        self.top_p = QDoubleSpinBox(minimum=0.01, maximum=1.0, singleStep=0.05, decimals=2, value=1.0)
-        self.top_p.setToolTip("1.00 is off")
+        self.top_p = CheckedDoubleSpinBox(minimum=0.01, maximum=1.0, singleStep=0.05, decimals=2, value=1.0)
+        self.top_p.setToolTip("Keep the most likely tokens up to this probability mass; 1.00 is off")
+        self.top_p.setObjectName("top-p")
         form.addRow("Top-p", self.top_p)
-        self.max_new_tokens = QSpinBox(minimum=1, maximum=MAX_TOKENS_UNKNOWN, value=64)
+        self.max_new_tokens = CheckedSpinBox(minimum=1, maximum=MAX_TOKENS_UNKNOWN, value=64)
+        self.max_new_tokens.setObjectName("max new tokens")
         form.addRow("Max new tokens", self.max_new_tokens)
-        self.seed = QSpinBox(minimum=0, maximum=2_147_483_647, value=1)
+        self.seed = CheckedSpinBox(minimum=0, maximum=2_147_483_647, value=1)
+        self.seed.setToolTip("Seed of the sampler (the same seed gives the same text)")
+        self.seed.setObjectName("seed")
         form.addRow("Seed", self.seed)
         self.ignore_eos = QCheckBox("exactly max new tokens (ignore EOS)")
         self.ignore_eos.setToolTip("Suppress the end-of-text token until max new tokens are generated")
@@ -202,9 +275,12 @@ class ControlPanel(QWidget):
     def _prompt_box(self) -> QGroupBox:
         box = QGroupBox("Prompt")
         layout = QVBoxLayout(box)
+        layout.setContentsMargins(4, 2, 4, 2)
         self.prompt = QPlainTextEdit()
-        self.prompt.setPlaceholderText("Text for the model to continue")
-        self.prompt.setMinimumHeight(70)
+        self.prompt.setPlaceholderText("Text for the model to continue (Ctrl+Enter runs)")
+        self.prompt.setTabChangesFocus(True)  # Tab moves on to Run, as in every other field
+        self.prompt.setFixedHeight(84)
+        self.prompt.installEventFilter(self)
         layout.addWidget(self.prompt)
         return box
 
@@ -214,40 +290,19 @@ class ControlPanel(QWidget):
 
     def settings(self) -> RunSettings:
         """The form as RunSettings (HfspecError naming the field when something is missing)."""
-        return RunSettings(
-            target=self.target.text().strip(), draft=self.draft.spec(),
-            gamma="auto" if self.gamma_auto.isChecked() else self.gamma.value(),
-            temperature=self.temperature.value(), top_k=self.top_k.value(), top_p=self.top_p.value(),
-            max_new_tokens=self.max_new_tokens.value(), seed=self.seed.value(),
-            prompt=self.prompt.toPlainText(), preset=self._preset_name, chat=self.chat.isChecked(),
-            measure_baseline=self.baseline.isChecked(), ignore_eos=self.ignore_eos.isChecked(),
-            device=self.device.currentData(), dtype=self.dtype.currentData(),
-        )
+        return RunSettings(preset=self._preset_name, **{name: b.read() for name, b in self.bindings.items()})
 
     def set_settings(self, s: RunSettings) -> None:
         self._filling = True
         try:
             self._preset_name = s.preset if self.preset.findText(s.preset) > 0 else ""
             self.preset.setCurrentIndex(max(self.preset.findText(self._preset_name or CUSTOM), 0))
-            self.target.setText(s.target)
-            self.draft.set_spec(s.draft)
-            self.gamma_auto.setChecked(s.gamma == "auto")
-            if s.gamma != "auto":
-                self.gamma.setValue(int(s.gamma))
-            self.temperature.setValue(float(s.temperature))
-            self.top_k.setValue(int(s.top_k))
-            self.top_p.setValue(float(s.top_p))
-            self.max_new_tokens.setValue(int(s.max_new_tokens))
-            self.seed.setValue(int(s.seed))
-            self.prompt.setPlainText(s.prompt)
-            self.chat.setChecked(bool(s.chat))
-            self.ignore_eos.setChecked(bool(s.ignore_eos))
-            self.baseline.setChecked(bool(s.measure_baseline))
-            self.device.setCurrentIndex(max(self.device.findData(s.device or ""), 0))
-            self.dtype.setCurrentIndex(max(self.dtype.findData(s.dtype or ""), 0))
+            for name, binding in self.bindings.items():
+                binding.write(getattr(s, name))
         finally:
             self._filling = False
         self._show_preset_info()
+        self.edited.emit()
 
     def set_draft(self, spec: str) -> None:
         self.draft.set_spec(spec)
@@ -262,8 +317,11 @@ class ControlPanel(QWidget):
         return True
 
     def set_busy(self, busy: bool, loading: bool = False) -> None:
+        """While a job runs the form is read-only (the results will be of the settings it started with)."""
         self.run_button.setEnabled(not busy)
         self.stop_button.setEnabled(busy)
+        self.body.setEnabled(not busy)
+        self.prompt.setReadOnly(busy)
         if busy and loading:
             self.progress.setRange(0, 0)  # indeterminate
             self.progress.setFormat("loading…")
@@ -283,6 +341,53 @@ class ControlPanel(QWidget):
         self.progress.setValue(index - 1)
         self.progress.setFormat(f"point {index} / {total}")
 
+    def set_points_done(self, done: int, total: int) -> None:
+        """Sweep / compare: `done` of `total` points are measured (the bar is full when the last one is)."""
+        self.progress.setRange(0, max(1, total))
+        self.progress.setValue(min(done, total))
+        self.progress.setFormat(f"{done} / {total} points done")
+
+    def set_compiling(self, elapsed: float, expected: float | None) -> None:
+        """The draft step is compiling: elapsed seconds against the expected time (the last compile's)."""
+        if expected:
+            self.progress.setRange(0, max(1, round(expected * 10)))
+            self.progress.setValue(min(round(elapsed * 10), self.progress.maximum() - 1))
+            left = max(0.0, expected - elapsed)
+            more = f"~{left:.0f} s left" if left >= 1 else "taking longer than last time"
+            self.progress.setFormat(f"compiling draft: {elapsed:.0f} s, {more}")
+        else:
+            self.progress.setRange(0, 0)
+            self.progress.setFormat(f"compiling draft: {elapsed:.0f} s (first compile here, no estimate yet)")
+
+    # ----------------------------------------------------------------- keys and refused input
+    def keyPressEvent(self, event):  # noqa: N802 - Qt's name
+        """Enter in a field (fields pass it on: line edits, spin boxes, boxes) runs."""
+        if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and self.run_button.isEnabled():
+            self.run_requested.emit()
+            event.accept()
+            return
+        super().keyPressEvent(event)
+
+    def eventFilter(self, obj, event) -> bool:  # noqa: N802 - Qt's name
+        """Ctrl+Enter in the prompt runs (Enter alone is a new line of the prompt)."""
+        if (obj is self.prompt and event.type() == QEvent.Type.KeyPress
+                and event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
+                and event.modifiers() & Qt.KeyboardModifier.ControlModifier):
+            if self.run_button.isEnabled():
+                self.run_requested.emit()
+            return True
+        return super().eventFilter(obj, event)
+
+    def _refused(self, spin, text: str) -> None:
+        self.show_input_note(f"{spin.objectName()}: got {text!r}; allowed: {spin.range_text()} "
+                             f"(kept {spin.textFromValue(spin.value())})")
+
+    def show_input_note(self, message: str) -> None:
+        """A message under the form about input it could not take ("" hides it)."""
+        self.input_note.setText(message)
+        self.input_note.setStyleSheet(f"color: {theme.current().error};")
+        self.input_note.setVisible(bool(message))
+
     # ----------------------------------------------------------------- internals
     def _preset_chosen(self, name: str) -> None:
         if name == CUSTOM:
@@ -293,11 +398,12 @@ class ControlPanel(QWidget):
             s = RunSettings.from_preset(name, measure_baseline=self.baseline.isChecked(),
                                         device=self.device.currentData(), dtype=self.dtype.currentData())
         except HfspecError as exc:
-            self.preset_info.setText(f"<span style='color:#a00'>{exc}</span>")
+            self.preset_info.setText(f"<span style='color:{theme.current().error}'>{exc}</span>")
             return
         self.set_settings(s)
 
     def _edited(self, *_) -> None:
+        self.edited.emit()
         if self._filling or not self._preset_name:
             return
         self.preset_info.setText(f"Custom: edited from {self._preset_name} (choose a preset to reset the form).")
@@ -319,6 +425,13 @@ class ControlPanel(QWidget):
         except (ImportError, HfspecError) as exc:
             self.preset_info.setText(str(exc))
 
+    def retheme(self) -> None:
+        muted = f"color: {theme.current().muted};"
+        self.preset_info.setStyleSheet(muted + " font-size: 11px;")
+        self.gamma_auto_note.setStyleSheet(muted)
+        self.input_note.setStyleSheet(f"color: {theme.current().error};")
+        self.draft.restyle()
+
     def _show_gamma(self, auto: bool) -> None:
         self.gamma.setVisible(not auto)
         self.gamma_auto_note.setVisible(auto)
@@ -327,8 +440,9 @@ class ControlPanel(QWidget):
         """Max new tokens cannot exceed the target's context (read from a local folder's config.json)."""
         limit = context_length(source)
         self.max_new_tokens.setMaximum(max(1, limit - 1) if limit else MAX_TOKENS_UNKNOWN)
-        self.max_new_tokens.setToolTip(f"At most {limit - 1}: the target has {limit} positions for prompt and "
-                                       "new tokens" if limit else "The target's context length is not known here")
+        self.max_new_tokens.base_tip = (f"The target has {limit} positions for prompt and new tokens" if limit
+                                        else "The target's context length is not known here")
+        _range_tip(self.max_new_tokens)
 
     def _browse_target_folder(self):
         path = QFileDialog.getExistingDirectory(self, "Target model folder", self.target.text())
@@ -339,3 +453,9 @@ class ControlPanel(QWidget):
         path, _ = QFileDialog.getOpenFileName(self, "Target GGUF file", self.target.text(), "GGUF (*.gguf)")
         if path:
             self.target.setText(path)
+
+
+def _range_tip(spin) -> None:
+    """The spin box's tooltip, with its allowed range."""
+    base = getattr(spin, "base_tip", "")
+    spin.setToolTip(f"{base}\nAllowed: {spin.range_text()}" if base else f"Allowed: {spin.range_text()}")

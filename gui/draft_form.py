@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from gui import theme
 from hfspec.drafts import registry
 from hfspec.errors import HfspecError
 from hfspec.session import draft_spec, split_draft_spec
@@ -80,13 +81,18 @@ class DraftForm(QWidget):
         self._edited()
 
     def _edited(self, *_) -> None:
+        self.restyle()
+        self.changed.emit()
+
+    def restyle(self) -> None:
+        """The spec line in the current theme's colours (an error in its error colour)."""
         try:
             self.spec_label.setText(self.spec())
-            self.spec_label.setStyleSheet("font-family: monospace; color: #225;")
+            colour = theme.current().spec
         except HfspecError as exc:
             self.spec_label.setText(str(exc).split(";")[0])
-            self.spec_label.setStyleSheet("font-family: monospace; color: #a00;")
-        self.changed.emit()
+            colour = theme.current().error
+        self.spec_label.setStyleSheet(f"font-family: monospace; color: {colour};")
 
 
 def _input_for(f, parent: QWidget) -> tuple[QWidget, QWidget]:

@@ -1,6 +1,9 @@
-"""The Live tab: metric cards, per-pass plots and the generated text, coloured by how each token was made."""
+"""The Live tab: which settings produced what is on show, metric cards, per-pass plots, the speed-ups of the
+timed measurement, and the generated text coloured by how each token was made."""
 
 from __future__ import annotations
+
+import math
 
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
@@ -9,6 +12,7 @@ from PySide6.QtWidgets import (
     QApplication,
     QFileDialog,
     QGridLayout,
+    QHBoxLayout,
     QLabel,
     QPushButton,
     QSplitter,
@@ -17,9 +21,19 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from gui.plots import PALETTE, fmt, make_plot, unit_line
+from gui import theme
+from gui.figures import (
+    Conditions,
+    ShownRun,
+    changed_fields,
+    describe,
+    formula_tokens_per_pass,
+    gap,
+    number,
+)
+from gui.plots import PALETTE, fmt, make_plot, retheme_plot, spaced_ticks, unit_line
 from gui.widgets import FlowLayout, Metric
-from hfspec.session import ROLLING_WINDOW, LiveSnapshot, RunResult
+from hfspec.session import ROLLING_WINDOW
 
 KIND_COLOURS = {  # background of a generated token, by how it was produced
     "accepted": "#b7e4b0",   # draft token the target accepted
@@ -29,23 +43,32 @@ KIND_COLOURS = {  # background of a generated token, by how it was produced
 }
 KIND_LABELS = {"accepted": "accepted draft token", "resampled": "resampled (draft rejected)",
                "bonus": "bonus token (all accepted)", "target": "target only (plain pass, γ = 0)"}
+KIND_SHORT = {"accepted": "accepted", "resampled": "resampled", "bonus": "bonus", "target": "target only"}
 
+TIMED = "from the timed measurement after the run (speculative decoding without the live display, beside plain " \
+        "decoding of the same tokens)"
 CARDS = [  # key, caption, tooltip, widest expected value
     ("alpha", "acceptance α", "accepted / checked draft tokens (positions after EOS are not checked)", "0.000"),
     ("tpp", "tokens / pass", "new tokens per target forward, bonus included", "00.00"),
-    ("expected", "formula E[tok/pass]", "(1−α^(γ+1))/(1−α) for this α and γ", "00.00"),
-    ("c_time", "cost c (time)", "mean draft forward time / mean target forward time, measured in this run",
-     "0.000"),
-    ("est", "est. speed-up", "(1−α^(γ+1)) / ((1−α)(1+γc)) with the measured c (time)", "00.00×"),
-    ("ideal", "weight-bound ideal", "the same formula with c = draft bytes / target bytes: what a machine bound "
-     "by weight reads would reach", "00.00× · c 0.000"),
-    ("measured", "measured speed-up", "tokens/s of this run over plain decoding of exactly as many tokens "
-     "(same prompt and seed), measured right after it", "00.00×"),
-    ("baseline", "plain baseline", "the plain run compared with: tokens · tokens/s", "0000 tok · 0000/s"),
-    ("rate", "tokens / s", "wall clock, this run", "00000.0"),
+    ("expected", "formula E[tok/pass]", "(1−α^(γ+1))/(1−α) for this α, averaged over the γ each pass proposed",
+     "00.00"),
+    ("c_time", "cost c (time)", "mean draft forward time / mean target forward time, " + TIMED, "0.000"),
+    ("est", "est. speed-up", "the estimate from the statistics of the timed run, " + TIMED + "; — where none "
+     "exists", "00.00×"),
+    ("ideal", "weight-bound ideal", "the formula with c = draft bytes / target bytes: what a machine bound by "
+     "weight reads would reach", "00.00× · c 0.000"),
+    ("measured", "measured speed-up", "speculative over plain tokens/s, " + TIMED + "; 'rough' when fewer than 3 "
+     "pairs were timed", "00.00× rough"),
+    ("timed_rate", "measured tok/s: spec vs plain", "speculative decoding (timed, no display) vs plain decoding "
+     "of the same tokens", "00000 vs 00000"),
+    ("with", "measured with", "timed (speculative, plain) pairs, torch's CPU threads and the machine's 1-minute "
+     "load average while measuring", "3 pairs · 00 thr · load 00.0"),
+    ("rate", "tokens / s live (with display)", "wall clock of the run you watched: it pays for the live "
+     "display, so it is below the measured rate", "00000.0"),
     ("passes", "target passes", "", "00000"),
     ("ended", "ended by", "EOS, max tokens, a stop string, or the Stop button", "user (Stop)"),
 ]
+SPEED_BARS = [("est", "estimated"), ("measured", "measured"), ("ideal", "ideal")]
 
 
 class LiveView(QWidget):
@@ -54,19 +77,22 @@ class LiveView(QWidget):
 
     def __init__(self, parent=None):
         super().__init__(parent)
+        self.origin = QLabel()
+        self.origin.setWordWrap(True)
+        self.origin.setTextFormat(Qt.TextFormat.RichText)
         self.metrics = {key: Metric(caption, tip, template) for key, caption, tip, template in CARDS}
-        cards = QWidget()
-        flow = FlowLayout(cards)
+        self.cards = QWidget()
+        flow = FlowLayout(self.cards)
         for metric in self.metrics.values():
             flow.addWidget(metric)
 
         self.alpha_plot = make_plot("Acceptance rate", "target pass", "α")
         self.alpha_plot.setYRange(0, 1.02)
         self.alpha_plot.enableAutoRange(axis="y", enable=False)
-        self.rolling_curve = self.alpha_plot.plot(pen=pg.mkPen(PALETTE[0], width=2),
+        self.rolling_curve = self.alpha_plot.plot(pen=pg.mkPen(PALETTE[0], width=2), connect="finite",
                                                   name=f"rolling ({ROLLING_WINDOW} passes)")
         self.alpha_curve = self.alpha_plot.plot(pen=pg.mkPen(PALETTE[1], width=2, style=Qt.PenStyle.DashLine),
-                                                name="cumulative")
+                                                connect="finite", name="cumulative")
 
         self.tpp_plot = make_plot("Tokens per target pass, γ per pass", "target pass", "tokens", 3)
         self.gamma_curve = self.tpp_plot.plot(pen=pg.mkPen("#999", width=1.5), stepMode="left",
@@ -75,13 +101,18 @@ class LiveView(QWidget):
         self.tpp_plot.addItem(self.pass_points)
         self.tpp_curve = self.tpp_plot.plot(pen=pg.mkPen(PALETTE[0], width=2), name="mean")
         self.expected_curve = self.tpp_plot.plot(pen=pg.mkPen(PALETTE[3], width=2, style=Qt.PenStyle.DashLine),
-                                                 name="formula")
+                                                 connect="finite", name="formula")
 
-        self.speed_plot = make_plot("Speed-up over plain decoding", "target pass", "speed-up (×)")
+        self.speed_plot = make_plot("Speed-up over plain decoding (timed)", "", "speed-up (×)", 3)
         self.speed_plot.addItem(unit_line())
-        self.est_curve = self.speed_plot.plot(pen=pg.mkPen(PALETTE[2], width=2), name="estimated (c time)")
-        self.measured_curve = self.speed_plot.plot(pen=pg.mkPen(PALETTE[4], width=2),
-                                                   name="measured")
+        self.speed_bars = {}
+        for i, (key, label) in enumerate(SPEED_BARS):
+            bars = pg.BarGraphItem(x=[], height=[], width=0.6, brush=PALETTE[(2, 4, 3)[i]], pen=None, name=label)
+            self.speed_plot.addItem(bars)
+            self.speed_bars[key] = bars
+        self.speed_plot.getPlotItem().getAxis("bottom").setTicks([[(i, label) for i, (_, label)
+                                                                   in enumerate(SPEED_BARS)]])
+        self.speed_plot.setXRange(-0.6, len(SPEED_BARS) - 0.4, padding=0)
 
         self.pos_plot = make_plot("Acceptance by draft position", "draft position", "P(accepted)")
         self.pos_plot.setYRange(0, 1.02)
@@ -95,6 +126,7 @@ class LiveView(QWidget):
         grid.setSpacing(4)
         grid.setContentsMargins(0, 0, 0, 0)
         for i, plot in enumerate(self.plots.values()):
+            plot.setMinimumSize(200, 120)
             grid.addWidget(plot, i // 2, i % 2)
         plots = QWidget()
         plots.setLayout(grid)
@@ -108,39 +140,96 @@ class LiveView(QWidget):
         splitter.setChildrenCollapsible(False)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
-        layout.addWidget(cards)
+        layout.setSpacing(4)
+        layout.addWidget(self.origin)
+        layout.addWidget(self.cards)
         layout.addWidget(splitter, 1)
-        self.result: RunResult | None = None
+        self.result: ShownRun | None = None
+        self.shown_settings = None
+        self._pending = ""
+        self._changed: list[str] = []
         self.clear()
 
     def _text_box(self) -> QWidget:
         self.text = QTextEdit()
         self.text.setReadOnly(True)
-        self.text.setMinimumHeight(70)
+        self.text.setMinimumHeight(60)
         legend_row = QWidget()
         legend = FlowLayout(legend_row, spacing=6)
         for kind, label in KIND_LABELS.items():
-            swatch = QLabel(f"<span style='background:{KIND_COLOURS[kind]};'>&nbsp;{label}&nbsp;</span>")
+            swatch = QLabel(f"<span style='background:{KIND_COLOURS[kind]}; color:#000;'>&nbsp;{KIND_SHORT[kind]}"
+                            "&nbsp;</span>")
             swatch.setToolTip(label)
             legend.addWidget(swatch)
-        legend.addWidget(QLabel("<span style='color:#777'>prompt in grey text</span>"))
+        self.prompt_swatch = QLabel()
+        legend.addWidget(self.prompt_swatch)
         self.copy_button = QPushButton("Copy")
         self.copy_button.setToolTip("Copy prompt and generated text")
         self.copy_button.clicked.connect(self.copy_text)
         self.save_button = QPushButton("Save…")
         self.save_button.setToolTip("Save prompt and generated text as a .txt file")
         self.save_button.clicked.connect(lambda: self.save_text())
-        legend.addWidget(self.copy_button)
-        legend.addWidget(self.save_button)
+        row = QHBoxLayout()  # the buttons stay at the right, however narrow the window
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(legend_row, 1)
+        row.addWidget(self.copy_button)
+        row.addWidget(self.save_button)
         box = QWidget()
         layout = QVBoxLayout(box)
         layout.setContentsMargins(0, 0, 0, 0)
-        layout.addWidget(legend_row)
+        layout.addLayout(row)
         layout.addWidget(self.text)
+        self._style_prompt_swatch()
         return box
 
+    # ------------------------------------------------------------------ what is on show
+    def set_pending(self, description: str) -> None:
+        """A job with other settings started: the results on show stay (greyed) until its first data."""
+        self._pending = description
+        self._dim(bool(description))
+        self._show_origin()
+
+    def form_changed(self, form_settings) -> None:
+        """The form now holds `form_settings`: say which of them differ from the results on show."""
+        self._changed = changed_fields(self.shown_settings, form_settings)
+        self._show_origin()
+
+    def _dim(self, dim: bool) -> None:
+        for widget in (self.cards, *self.plots.values()):
+            widget.setEnabled(not dim)
+            widget.setGraphicsEffect(None)
+        if dim:
+            from PySide6.QtWidgets import QGraphicsOpacityEffect
+
+            for widget in (self.cards, *self.plots.values()):
+                effect = QGraphicsOpacityEffect(widget)
+                effect.setOpacity(0.35)
+                widget.setGraphicsEffect(effect)
+
+    def is_dimmed(self) -> bool:
+        return not self.cards.isEnabled()
+
+    def _show_origin(self) -> None:
+        t = theme.current()
+        if self.shown_settings is None:
+            text = "No run yet: choose settings on the left and press Run (Ctrl+R or Enter)."
+            style = f"color:{t.muted};"
+        else:
+            where = f" (opened from {self.result.source})" if self.result and self.result.source else ""
+            text = f"<b>Shown:</b> {describe(self.shown_settings)}{where}"
+            style = ""
+            if self._pending:
+                text += f"<br><b>Now loading:</b> {self._pending} (the results above are the previous run's)"
+                style = f"background:{t.stale_bg};"
+            elif self._changed:
+                text += (f"<br>The form has changed since ({', '.join(self._changed)}): press Run to see results of "
+                         "the form's settings.")
+                style = f"background:{t.stale_bg};"
+        self.origin.setText(text)
+        self.origin.setStyleSheet(f"QLabel {{ {style} padding: 2px 4px; }}")
+
     # ------------------------------------------------------------------ data
-    def clear(self, prompt: str = "") -> None:
+    def clear(self, prompt: str = "", settings=None) -> None:
         self.rounds: list[int] = []
         self.rolling: list[float] = []
         self.alphas: list[float] = []
@@ -148,41 +237,57 @@ class LiveView(QWidget):
         self.expected: list[float] = []
         self.committed: list[int] = []
         self.gammas: list[int] = []
-        self.est: list[float] = []
-        self.measured: list[float] = []
-        self.measured_rounds: list[int] = []
-        self.last: LiveSnapshot | None = None
+        self._window: list[tuple[int, int]] = []
+        self.last = None
         self.result = None
+        self.shown_settings = settings
+        self._pending = ""
+        self._changed = []
+        self._dim(False)
         self.text.clear()
         if prompt:
             self._append_pieces([(prompt, "prompt")])
         for metric in self.metrics.values():
             metric.set_value("—")
+        self._bars({})
+        self._show_origin()
         self.redraw()
 
-    def add(self, snapshots: list[LiveSnapshot]) -> None:
+    def add(self, snapshots) -> None:
         """Take the snapshots that arrived since the last redraw and redraw once."""
         pieces = []
         for s in snapshots:
             self.rounds.append(s.round_index + 1)
-            self.rolling.append(s.rolling_alpha)
-            self.alphas.append(s.alpha)
+            self._window = (self._window + [(s.accepted, s.checked)])[-ROLLING_WINDOW:]
+            checked = sum(k for _, k in self._window)
+            # a pass that checked nothing has no acceptance rate: a gap, not 0
+            self.rolling.append(sum(a for a, _ in self._window) / checked if s.checked and checked else math.nan)
+            self.alphas.append(s.alpha if s.checked else math.nan)
             self.tpp.append(s.tokens_per_pass)
-            self.expected.append(s.expected_tokens_per_pass)
             self.committed.append(s.committed)
             self.gammas.append(s.gamma)
-            self.est.append(s.estimated_speedup)
+            self.expected.append(gap(formula_tokens_per_pass(self._cumulative_alpha(), self.gammas)))
             pieces.extend(s.pieces)
             self.last = s
         if pieces:
             self._append_pieces(pieces)
         if self.last is not None:
             s = self.last
-            self._show(alpha=s.alpha, tpp=s.tokens_per_pass, expected=s.expected_tokens_per_pass, c_time=s.c_time,
-                       est=s.estimated_speedup, passes=s.round_index + 1,
-                       rate=s.new_tokens / s.elapsed if s.elapsed else None)
-            self.metrics["measured"].set_value("after run")
+            self.metrics["alpha"].set_value(fmt(self._cumulative_alpha(), 3))
+            self.metrics["tpp"].set_value(fmt(s.tokens_per_pass))
+            self.metrics["expected"].set_value(fmt(number(self.expected[-1])))
+            self.metrics["passes"].set_value(str(s.round_index + 1))
+            self.metrics["rate"].set_value(fmt(s.new_tokens / s.elapsed if s.elapsed else None, 1))
+            for key in ("c_time", "est", "measured", "timed_rate", "with"):
+                self.metrics[key].set_value("after run")
         self.redraw()
+
+    def _cumulative_alpha(self) -> float | None:
+        """α so far; None while nothing was checked."""
+        s = self.last
+        if s is None or not s.checked_by_position or not sum(s.checked_by_position):
+            return None
+        return s.alpha
 
     def redraw(self) -> None:
         self.rolling_curve.setData(self.rounds, self.rolling)
@@ -191,51 +296,109 @@ class LiveView(QWidget):
         self.gamma_curve.setData(self.rounds, self.gammas)
         self.tpp_curve.setData(self.rounds, self.tpp)
         self.expected_curve.setData(self.rounds, self.expected)
-        self.est_curve.setData(self.rounds, self.est)
-        self.measured_curve.setData(self.measured_rounds, self.measured)
         if self.last is not None and self.last.checked_by_position:
-            self._bars(self.last.accepted_by_position, self.last.checked_by_position)
-        else:
+            self._position_bars(self.last.accepted_by_position, self.last.checked_by_position)
+        elif self.result is None:
             self.pos_bars.setOpts(x=[], height=[], width=0.7)
 
-    def _bars(self, accepted: list[int], checked: list[int]) -> None:
-        xs = list(range(1, len(checked) + 1))
-        heights = [a / c if c else 0.0 for a, c in zip(accepted, checked, strict=True)]
+    def _position_bars(self, accepted: list[int], checked: list[int]) -> None:
+        xs = [i + 1 for i, c in enumerate(checked) if c]  # an unchecked position has no rate: no bar
+        heights = [accepted[x - 1] / checked[x - 1] for x in xs]
         self.pos_bars.setOpts(x=xs, height=heights, width=0.7)
-        self.pos_plot.setXRange(0.4, len(xs) + 0.6, padding=0)
-        self.pos_plot.getPlotItem().getAxis("bottom").setTicks([[(x, str(x)) for x in xs]])
+        n = max(len(checked), 1)
+        self.pos_plot.setXRange(0.4, n + 0.6, padding=0)
+        ticks = spaced_ticks([(x, str(x)) for x in range(1, n + 1)], self.pos_plot.width() - 60)
+        self.pos_plot.getPlotItem().getAxis("bottom").setTicks([ticks])
 
-    def finish(self, result: RunResult) -> None:
-        """Final numbers from the finished run (the library's statistics) and the measured speed-up."""
-        self.result = result
-        s, b = result.stats, result.baseline
-        self._show(alpha=s.alpha, tpp=s.tokens_per_pass, expected=s.expected_tokens_per_pass, c_time=s.c_time,
-                   est=s.estimated_speedup, passes=s.target_passes, rate=s.tokens_per_second)
-        self.metrics["measured"].set_value(fmt(result.measured_speedup, 2, "×"))
-        self.metrics["baseline"].set_value(f"{b.new_tokens} tok · {b.tokens_per_second:.0f}/s" if b else "—")
-        self.metrics["ended"].set_value(result.stop_reason or "—")
-        if s.checked_by_position:
-            self._bars(s.accepted_by_position, s.checked_by_position)
-        if result.measured_speedup is not None and self.rounds:
-            self.measured_rounds = [self.rounds[0], self.rounds[-1]]
-            self.measured = [result.measured_speedup] * 2
-            self.measured_curve.setData(self.measured_rounds, self.measured)
-        if not self.rounds:  # no snapshot came (e.g. zero tokens): still show the final text
-            self._append_pieces(result.pieces)
+    def _bars(self, values: dict) -> None:
+        """Speed-up bars; no bar where there is no figure (never a bar at 0)."""
+        for i, (key, _) in enumerate(SPEED_BARS):
+            v = number(values.get(key))
+            self.speed_bars[key].setOpts(x=[i] if v else [], height=[v] if v else [], width=0.6)
+        if any(number(v) for v in values.values()):
+            top = max(number(v) or 0.0 for v in values.values())
+            self.speed_plot.setYRange(0, max(1.2, top * 1.1), padding=0)
 
-    def _show(self, alpha, tpp, expected, c_time, est, passes, rate) -> None:
-        s = self.result.stats if self.result else None
+    def finish(self, result, conditions: Conditions | None = None) -> None:
+        """Show a finished run (a RunResult of this session, or a ShownRun opened from a file)."""
+        shown = result if isinstance(result, ShownRun) else ShownRun.from_result(result, conditions)
+        if self.shown_settings is None or self._pending:
+            self.clear(getattr(result, "prompt_text", "") if not isinstance(result, ShownRun) else
+                       shown.data.get("prompt", ""), shown.settings)
+        self.result, self.shown_settings, self._pending = shown, shown.settings, ""
+        self._dim(False)
+        s, m = shown.stats, shown.measured
+        alpha = s.alpha if s.checked else None
         self.metrics["alpha"].set_value(fmt(alpha, 3))
-        self.metrics["tpp"].set_value(fmt(tpp))
-        self.metrics["expected"].set_value(fmt(expected))
-        self.metrics["c_time"].set_value(fmt(c_time, 3) if c_time else "—")
-        self.metrics["est"].set_value(fmt(est, 2, "×") if c_time else "—")
-        if s is not None:
-            self.metrics["ideal"].set_value(f"{s.ideal_speedup:.2f}× · c {s.c_bytes:.3f}")
-        elif self.last is not None:
-            self.metrics["ideal"].set_value(f"c {self.last.c:.3f}")
-        self.metrics["passes"].set_value(str(passes))
-        self.metrics["rate"].set_value(fmt(rate, 1))
+        self.metrics["tpp"].set_value(fmt(s.tokens_per_pass))
+        self.metrics["expected"].set_value(fmt(formula_tokens_per_pass(alpha, list(s.gamma_per_round))))
+        self.metrics["passes"].set_value(str(s.target_passes))
+        self.metrics["rate"].set_value(fmt(number(s.tokens_per_second), 1))
+        self.metrics["ended"].set_value(shown.stop_reason or "—")
+        ideal = number(s.ideal_speedup) if s.checked else None
+        self.metrics["ideal"].set_value(f"{ideal:.2f}× · c {s.c_bytes:.3f}" if ideal else "—")
+        self.metrics["c_time"].set_value(fmt(m.c_time, 3) if m else "—")
+        self.metrics["est"].set_value(fmt(m.estimate, 2, "×") if m else "—")
+        self._show_measured(m)
+        if s.checked_by_position:
+            self._position_bars(s.accepted_by_position, s.checked_by_position)
+        self._bars({"est": m.estimate if m else None, "measured": m.speedup if m else None, "ideal": ideal})
+        if not self.rounds:  # no snapshot came (a saved run, or zero tokens): the series and the text
+            self._replay(shown)
+        self._show_origin()
+
+    def _show_measured(self, m) -> None:
+        card = self.metrics["measured"]
+        if m is None or m.speedup is None:
+            card.set_value("—")
+            card.set_flag("")
+            self.metrics["timed_rate"].set_value("—")
+            self.metrics["with"].set_value("—")
+            return
+        card.set_flag(f"Rough: from {m.pairs or 'fewer than 3'} timed pair(s), fewer than 3; rerun with more "
+                      "tokens for a figure to rely on" if m.rough else "")
+        card.set_value(f"{m.speedup:.2f}×{' rough' if m.rough else ''}")
+        spec = f"{m.speculative_tps:.0f}" if m.speculative_tps else "—"
+        plain = f"{m.plain_tps:.0f}" if m.plain_tps else "—"
+        self.metrics["timed_rate"].set_value(f"{spec} vs {plain}")
+        c = m.conditions
+        parts = [f"{m.pairs} pair{'s' if m.pairs != 1 else ''}"] if m.pairs is not None else []
+        if c is not None:
+            parts += [f"{c.threads} thr" if c.threads is not None else "? thr"]
+            parts += [f"load {c.load_avg:.1f}"] if c.load_avg is not None else []
+        self.metrics["with"].set_value(" · ".join(parts) or "—")
+
+    def _replay(self, shown: ShownRun) -> None:
+        """Curves and text of a run whose live snapshots this view did not see (opened from a file)."""
+        series = shown.data.get("series") or []
+        window: list[tuple[int, int]] = []
+        for row in series:
+            self.rounds.append(int(row["pass"]))
+            window = (window + [(row.get("accepted", 0), row.get("checked", 0))])[-ROLLING_WINDOW:]
+            checked = sum(k for _, k in window)
+            self.rolling.append(sum(a for a, _ in window) / checked if row.get("checked") and checked else math.nan)
+            self.alphas.append(row["alpha"] if row.get("checked") else math.nan)
+            self.tpp.append(row["tokens_per_pass"])
+            self.committed.append(row.get("committed", 0))
+            self.gammas.append(row["gamma"])
+            cumulative = row["alpha"] if any(r.get("checked") for r in series[:len(self.rounds)]) else None
+            self.expected.append(gap(formula_tokens_per_pass(cumulative, self.gammas)))
+        self.redraw()
+        if shown.stats.checked_by_position:
+            self._position_bars(shown.stats.accepted_by_position, shown.stats.checked_by_position)
+        self._append_pieces(shown.pieces)
+
+    # ------------------------------------------------------------------ theme
+    def retheme(self) -> None:
+        for plot in self.plots.values():
+            retheme_plot(plot)
+        for metric in self.metrics.values():
+            metric.restyle()
+        self._style_prompt_swatch()
+        self._show_origin()
+
+    def _style_prompt_swatch(self) -> None:
+        self.prompt_swatch.setText(f"<span style='color:{theme.current().muted}'>prompt in grey text</span>")
 
     # ------------------------------------------------------------------ text
     def plain_text(self) -> str:
@@ -260,10 +423,11 @@ class LiveView(QWidget):
         for text, kind in pieces:
             fmt_ = QTextCharFormat()
             if kind == "prompt":
-                fmt_.setForeground(QColor("#777777"))
-            else:
-                fmt_.setBackground(QColor(KIND_COLOURS.get(kind, "#ffffff")))
-                fmt_.setToolTip(KIND_LABELS.get(kind, kind))
+                fmt_.setForeground(QColor("#808080"))
+            elif kind in KIND_COLOURS:
+                fmt_.setBackground(QColor(KIND_COLOURS[kind]))
+                fmt_.setForeground(QColor("#000000"))  # dark text on the light token colours, in either theme
+                fmt_.setToolTip(KIND_LABELS[kind])
             cursor.insertText(text, fmt_)
         self.text.setTextCursor(cursor)
         self.text.ensureCursorVisible()

@@ -2,30 +2,42 @@
 
 from __future__ import annotations
 
+import json
 import os
 
-from PySide6.QtCore import QByteArray, Qt
-from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import QFileDialog, QMainWindow, QMessageBox, QSplitter, QTabWidget
+from PySide6.QtCore import QByteArray, QRect, QSize, Qt
+from PySide6.QtGui import QAction, QGuiApplication, QKeySequence
+from PySide6.QtWidgets import QFileDialog, QLabel, QMainWindow, QMessageBox, QSplitter, QTabWidget
 
-from gui import export
+from gui import export, theme
 from gui import settings as store
 from gui.compare_view import CompareView
+from gui.compile_clock import CompileClock
 from gui.controls import ControlPanel
+from gui.figures import Conditions, ShownRun, describe
 from gui.glossary import GlossaryDialog
 from gui.live_view import LiveView
 from gui.plots import configure_pyqtgraph, export_png
 from gui.sweep_view import SweepView
 from gui.worker import Job, RunController
+from hfspec.drafts import registry
 from hfspec.errors import HfspecError
-from hfspec.session import CompareRow, RunResult, Session, SweepResult, SweepRow, parse_list
+from hfspec.session import Session, SweepResult, parse_list
 
 DEFAULT_SIZE = (1400, 900)
+FRAME_ROOM = (16, 48)  # a window manager's borders and title bar, before the frame is known
+
+
+def first_size(available: QRect) -> QSize:
+    """The first window's size: the default, shrunk to the screen's available area (frame included)."""
+    return QSize(min(DEFAULT_SIZE[0], available.width() - FRAME_ROOM[0]),
+                 min(DEFAULT_SIZE[1], available.height() - FRAME_ROOM[1]))
 
 
 class MainWindow(QMainWindow):
     def __init__(self, session: Session | None = None, settings_store=None):
         super().__init__()
+        theme.apply(theme.system_theme())
         configure_pyqtgraph()
         _warm_imports()
         self.setWindowTitle("hfspec — speculative decoding dashboard")
@@ -33,7 +45,6 @@ class MainWindow(QMainWindow):
         self.controller = RunController(session)
 
         self.controls = ControlPanel()
-        self.controls.setMinimumWidth(300)
         self.live = LiveView()
         self.sweep = SweepView()
         self.compare = CompareView()
@@ -46,30 +57,46 @@ class MainWindow(QMainWindow):
         splitter.addWidget(self.tabs)
         splitter.setStretchFactor(1, 1)
         splitter.setChildrenCollapsible(False)
-        splitter.setSizes([350, 1050])
+        splitter.setSizes([self.controls.minimumSizeHint().width(), DEFAULT_SIZE[0]])
         self.setCentralWidget(splitter)
-        self.statusBar().showMessage("Ready")
+        self.status_text = ""
+        self._reported = False  # the running job's outcome is in the status bar
+        self.threads_label = QLabel()
+        self.statusBar().addPermanentWidget(self.threads_label)
+        self._status("Ready")
         self.glossary: GlossaryDialog | None = None
         self.compare_settings = None
+        self.compare_drafts: list[str] = []
         self._fresh = False  # the running job has not shown data yet: the previous results stay until it does
         self._menus()
+        self.setTabOrder(self.controls.prompt, self.controls.run_button)
+        self.setTabOrder(self.controls.run_button, self.controls.stop_button)
+        self.setTabOrder(self.controls.stop_button, self.tabs.tabBar())
+        self.clock = CompileClock(self.store, self)
+        self.clock.tick.connect(self.controls.set_compiling)
+        self.clock.ended.connect(lambda _: self.controls.set_busy(True, loading=True))
 
         c, w = self.controller, self.controller.worker
         self.controls.run_requested.connect(self.start_run)
         self.controls.stop_requested.connect(c.stop)
+        self.controls.edited.connect(self._form_edited)
         self.sweep.run_requested.connect(self.start_sweep)
         self.compare.run_requested.connect(self.start_compare)
         c.busy_changed.connect(self._busy)
         c.live.connect(self._live)
         c.result.connect(self._result)
-        w.status.connect(self._status)
+        w.status.connect(self._progress)
         w.generating.connect(self._generating)
         w.step.connect(self.controls.set_point)
         w.item.connect(self._item)
         w.failed.connect(self.show_error)
-        w.cancelled.connect(lambda: self._status("Stopped while loading"))
+        w.cancelled.connect(self._cancelled)
         self.last_error: tuple[str, str] | None = None
+        hints = QGuiApplication.styleHints()
+        if hasattr(hints, "colorSchemeChanged"):
+            hints.colorSchemeChanged.connect(lambda _: self.follow_system_theme())
         self._restore()
+        self._show_threads()
 
     # ------------------------------------------------------------------ actions
     def start_run(self) -> bool:
@@ -81,28 +108,35 @@ class MainWindow(QMainWindow):
 
     def start_sweep(self) -> bool:
         settings = self._settings()
-        if settings is None:
+        drafts = self._drafts("Sweep γ tab, drafts", parse_list(self.sweep.drafts.text()))
+        if settings is None or drafts is None:
             return False
         self.tabs.setCurrentWidget(self.sweep)
-        return self._start(Job("sweep", settings, gammas=self.sweep.gammas(),
-                               drafts=parse_list(self.sweep.drafts.text()), repeats=self.sweep.repeats.value()))
+        return self._start(Job("sweep", settings, gammas=self.sweep.gammas(), drafts=drafts,
+                               repeats=self.sweep.repeats.value()))
 
     def start_compare(self) -> bool:
         settings = self._settings()
-        if settings is None:
+        entries = self.compare.entries() or ([settings.draft] if settings else [])
+        drafts = self._drafts("Compare drafts tab, drafts", [e.rpartition("|")[2].strip() for e in entries])
+        if settings is None or drafts is None:
             return False
         self.tabs.setCurrentWidget(self.compare)
-        return self._start(Job("compare", settings, drafts=self.compare.entries() or [settings.draft],
-                               repeats=self.compare.repeats.value()))
+        return self._start(Job("compare", settings, drafts=entries, repeats=self.compare.repeats.value()))
 
     def _start(self, job: Job) -> bool:
         self._fresh = True
+        self.clock.set_job(job.settings)
+        if job.kind == "run" and self.live.shown_settings is not None:
+            self.live.set_pending(describe(job.settings))
         return self.controller.start(job)
 
     def show_error(self, title: str, message: str) -> None:
         self.last_error = (title, message)
+        self._reported = True
+        self.clock.stop()
         self._status(f"Error: {message.splitlines()[0] if message else title}")
-        QMessageBox.critical(self, f"hfspec — {title}", message)
+        QMessageBox.critical(self, title, message)
 
     def show_glossary(self) -> GlossaryDialog:
         if self.glossary is None:
@@ -111,29 +145,80 @@ class MainWindow(QMainWindow):
         self.glossary.raise_()
         return self.glossary
 
-    # ------------------------------------------------------------------ export
+    def follow_system_theme(self) -> None:
+        """Restyle everything in the system's colour scheme (called when it changes)."""
+        theme.apply(theme.system_theme())
+        for view in (self.live, self.sweep, self.compare, self.controls):
+            view.retheme()
+
+    # ------------------------------------------------------------------ files
+    def open_saved(self, path: str | None = None) -> bool:
+        """Show a run, sweep and compare saved by File → Export statistics (JSON) again."""
+        if path is None:
+            path, _ = QFileDialog.getOpenFileName(self, "Open a saved run", "", "JSON (*.json)")
+            if not path:
+                return False
+        try:
+            data = export.read_json(path)
+            shown = ShownRun.from_dict(data["run"], source=os.path.basename(path)) if "run" in data else None
+            sweep = self.sweep.rows_from(data["sweep"]) if "sweep" in data else None
+            compare = self.compare.rows_from(data["compare"]) if "compare" in data else None
+        except (HfspecError, KeyError, TypeError, ValueError) as exc:
+            self.show_error("Open failed", str(exc) if isinstance(exc, HfspecError)
+                            else f"open: {path}: not a dashboard export ({type(exc).__name__}: {exc})")
+            return False
+        if shown is not None:
+            self.live.clear(data["run"].get("prompt", ""), shown.settings)
+            self.live.finish(shown)
+            self.live.form_changed(self._form_settings())
+        if sweep is not None:
+            self.sweep.show_result(sweep)
+        if compare is not None:
+            self.compare_settings, self.compare_drafts = compare[1], data["compare"]["settings"].get("draft")
+            self.compare.show_rows(compare[0])
+        self.tabs.setCurrentWidget(self.live if shown else self.sweep if sweep else self.compare)
+        self._status(f"Opened {path}")
+        return True
+
     def export_plots(self, folder: str | None = None) -> list[str]:
-        """Every plot of the current tab as PNG into `folder` (asked for when None); returns the paths."""
+        """Every plot of the current tab as PNG into `folder` (asked for when None), each with the settings
+        that produced it as a caption and as PNG text ("hfspec-settings"); returns the paths."""
         if folder is None:
             folder = QFileDialog.getExistingDirectory(self, "Export plots to folder")
             if not folder:
                 return []
+        caption, settings = self._provenance()
         paths = []
         for name, plot in self.tabs.currentWidget().plots.items():
             path = os.path.join(folder, f"hfspec-{name}.png")
-            export_png(plot, path)
+            export_png(plot, path, caption, {"hfspec-settings": json.dumps(settings, ensure_ascii=False),
+                                             "Description": caption, "Software": "hfspec dashboard"})
             paths.append(path)
         self._status(f"Saved {len(paths)} plot(s) to {folder}")
         return paths
 
+    def _provenance(self) -> tuple[str, dict]:
+        """Caption and settings of the current tab's results."""
+        data = self.statistics()
+        key = {id(self.live): "run", id(self.sweep): "sweep", id(self.compare): "compare"}[id(self.tabs.currentWidget())]
+        settings = (data.get(key) or {}).get("settings") or {}
+        if key == "run" and self.live.shown_settings is not None:
+            return describe(self.live.shown_settings), settings
+        drafts = ", ".join(map(str, settings.get("draft") or []))
+        gamma = settings.get("gamma")
+        gammas = f"γ {gamma[0]}–{gamma[-1]}" if isinstance(gamma, list) and gamma else f"γ {gamma}"
+        target = os.path.basename(str(settings.get("target", "")).rstrip("/"))
+        return (f"{target} · drafts {drafts} · {gammas} · T {settings.get('temperature')} · seed "
+                f"{settings.get('seed')} · {settings.get('max_new_tokens')} tokens" if settings else ""), settings
+
     def statistics(self) -> dict:
         """The statistics on show (the last run, sweep and compare), with their settings; JSON-ready."""
         return export.statistics(self.live.result, self.sweep.result, self.sweep.points, self.compare.rows,
-                                 self.compare_settings)
+                                 self.compare_settings, self.compare_drafts, self.controller.worker.conditions)
 
     def export_statistics(self, path: str | None = None) -> str | None:
-        """Write statistics as .json (everything) or .csv (the current tab's table; on the Live tab also the
-        per-pass series as name-passes.csv)."""
+        """Write statistics as .json (everything; File → Open shows it again) or .csv (the current tab's table;
+        on the Live tab also the per-pass series as name-passes.csv)."""
         if path is None:
             path, _ = QFileDialog.getSaveFileName(self, "Export statistics", "hfspec-stats.json",
                                                   "JSON (*.json);;CSV (*.csv)")
@@ -159,10 +244,27 @@ class MainWindow(QMainWindow):
         try:
             settings = self.controls.settings().validated()
         except HfspecError as exc:
-            self.show_error("settings", str(exc))
+            self.show_error("Settings", str(exc))
             return None
         store.save_run_settings(self.store, settings)
         return settings
+
+    def _form_settings(self):
+        try:
+            return self.controls.settings()
+        except HfspecError:
+            return None
+
+    def _drafts(self, where: str, specs: list[str]) -> list[str] | None:
+        """`specs` checked before anything runs; an error names the tab's field, not the form's draft."""
+        for spec in specs:
+            try:
+                registry.parse(spec)
+            except HfspecError as exc:
+                why = str(exc).removeprefix("draft: ")
+                self.show_error("Settings", f"{where}: {why}")
+                return None
+        return specs
 
     def _busy(self, busy: bool) -> None:
         self.controls.set_busy(busy, loading=busy)
@@ -173,19 +275,34 @@ class MainWindow(QMainWindow):
             action.setEnabled(not busy)
         if busy:
             self._status("Loading models…")
-        elif not self.statusBar().currentMessage().startswith(("Run ", "Sweep ", "Compare ", "Error", "Stopped")):
-            self._status("Ready")
+            self._reported = False
+        else:
+            self.clock.stop()
+            if self.live._pending:  # the job ended without data (failed or stopped): the results stay current
+                self.live.set_pending("")
+            if self.controller.job and self.controller.job.kind != "run":
+                done = len(self.sweep.points) if self.controller.job.kind == "sweep" else len(self.compare.rows)
+                total = self.controls.progress.maximum()
+                if done:
+                    self.controls.set_points_done(done, max(total, done))
+            if not self._reported:
+                self._status("Ready")
+            self._show_threads()
 
     def _take_fresh(self) -> bool:
         """True once per job, when its first data arrives (then the previous results are cleared)."""
         fresh, self._fresh = self._fresh, False
         return fresh
 
+    def _progress(self, message: str) -> None:
+        self.clock.feed(message)
+        self._status(message)
+
     def _generating(self) -> None:
         job = self.controller.job
         if job is not None and job.kind == "run":
             if self._take_fresh():
-                self.live.clear(job.settings.prompt)
+                self.live.clear(job.settings.prompt, job.settings)
             self.controls.set_progress(0, job.settings.max_new_tokens)
             self._status("Generating…")
 
@@ -194,43 +311,81 @@ class MainWindow(QMainWindow):
         if job is None or job.kind != "run":
             return
         if self._take_fresh():
-            self.live.clear(job.settings.prompt)
+            self.live.clear(job.settings.prompt, job.settings)
         self.live.add(snapshots)
         self.controls.set_progress(snapshots[-1].new_tokens, job.settings.max_new_tokens)
 
     def _item(self, item) -> None:
+        """A sweep point or compare row as it completes (the job's kind says which)."""
+        job = self.controller.job
         fresh = self._take_fresh()
-        if isinstance(item, CompareRow):
-            if fresh:
-                self.compare.clear()
-                self.compare_settings = self.controller.job.settings if self.controller.job else None
-            self.compare.add_row(item)
-        elif isinstance(item, SweepRow):
-            if fresh:
-                self.sweep.clear()
-            self.sweep.add_point(item)
+        if job is None:
+            return
+        view = self.compare if job.kind == "compare" else self.sweep
+        if fresh:
+            view.clear()
+            if job.kind == "compare":
+                self.compare_settings, self.compare_drafts = job.settings, list(job.drafts)
+        (view.add_row if job.kind == "compare" else view.add_point)(item)
+        self.controls.set_points_done(len(self.compare.rows if job.kind == "compare" else self.sweep.points),
+                                      self.controls.progress.maximum())
 
     def _result(self, out) -> None:
-        if isinstance(out, RunResult):
-            if self._take_fresh():
-                self.live.clear(out.settings.prompt)
-            self.live.finish(out)
-            s = out.stats
-            how = "stopped" if s.stopped else "done"
-            ended = f", ended by {out.stop_reason}" if out.stop_reason else ""
-            self._status(f"Run {how}: {s.new_tokens} tokens in {s.target_passes} target passes{ended}, "
-                         f"α = {s.alpha:.3f}, {s.tokens_per_second:.1f} tokens/s")
-        elif isinstance(out, SweepResult):
-            if out.points:
-                self.sweep.show_result(out)
-            self._status(f"Sweep {'stopped' if out.stopped else 'done'}: {len(out.points)} points")
-        elif isinstance(out, list):
-            if out:
-                self.compare.show_rows(out)
-            self._status(f"Compare done: {len(out)} rows")
+        """The job's result, shown by the view of the job's kind."""
+        job = self.controller.job
+        {"run": self._show_run, "sweep": self._show_sweep, "compare": self._show_compare}[job.kind](out)
+        self._reported = True
+
+    def _show_run(self, out) -> None:
+        if self._take_fresh():
+            self.live.clear(out.settings.prompt, out.settings)
+        self.live.finish(out, self.controller.worker.conditions)
+        self.live.form_changed(self._form_settings())
+        shown = self.live.result
+        s, m = shown.stats, shown.measured
+        how = "stopped" if s.stopped else "done"
+        ended = f", ended by {shown.stop_reason}" if shown.stop_reason else ""
+        speed = f", measured {m.speedup:.2f}×{' (rough)' if m.rough else ''}" if m and m.speedup else ""
+        self._status(f"Run {how}: {s.new_tokens} tokens in {s.target_passes} target passes{ended}, "
+                     f"α = {s.alpha:.3f}{speed}")
+
+    def _show_sweep(self, out: SweepResult) -> None:
+        if out.points:
+            self.sweep.show_result(out, self.controller.worker.conditions)
+        self._status(f"Sweep {'stopped' if out.stopped else 'done'}: {len(out.points)} points")
+
+    def _show_compare(self, rows) -> None:
+        if rows:
+            self.compare.show_rows(rows, self.controller.worker.conditions)
+        self._status(f"Compare done: {len(rows)} rows")
+
+    def _cancelled(self) -> None:
+        self._reported = True
+        self._status("Stopped while loading")
+
+    def _form_edited(self) -> None:
+        self.live.form_changed(self._form_settings())
 
     def _status(self, text: str) -> None:
-        self.statusBar().showMessage(text)
+        """A line in the status bar, shortened with "…" to fit; the whole of it in the bar's tooltip."""
+        self.status_text = text
+        bar = self.statusBar()
+        room = max(80, bar.width() - self.threads_label.sizeHint().width() - 40)
+        shown = bar.fontMetrics().elidedText(text.replace("\n", " "), Qt.TextElideMode.ElideRight, room)
+        bar.showMessage(shown)
+        bar.setToolTip(text if shown != text else "")
+
+    def _show_threads(self) -> None:
+        c = Conditions.now()
+        self.threads_label.setText(f"torch: {c.text()}")
+        self.threads_label.setToolTip("torch's CPU threads (the same default as `hfspec run`; `hfspec gui "
+                                      "--threads N` sets them) and the 1-minute load average, now. Measured "
+                                      "figures show the values while they were measured.")
+
+    def resizeEvent(self, event):  # noqa: N802 - Qt's name
+        super().resizeEvent(event)
+        if self.status_text:
+            self._status(self.status_text)
 
     # ------------------------------------------------------------------ menus
     def _menus(self) -> None:
@@ -243,6 +398,7 @@ class MainWindow(QMainWindow):
             return action
 
         file = self.menuBar().addMenu("&File")
+        add(file, "&Open saved run (JSON)…", self.open_saved, QKeySequence.StandardKey.Open)
         add(file, "Export plots as &PNG…", self.export_plots, "Ctrl+E")
         add(file, "Export &statistics (CSV/JSON)…", self.export_statistics, "Ctrl+S")
         add(file, "Save generated &text…", self.live.save_text)
@@ -267,17 +423,23 @@ class MainWindow(QMainWindow):
 
             self.controls.choose_preset(DEFAULT_PRESET)
         geometry = self.store.value("window/geometry")
-        if isinstance(geometry, QByteArray):
-            self.restoreGeometry(geometry)
-        else:
-            self.resize(*DEFAULT_SIZE)
+        if not (isinstance(geometry, QByteArray) and self.restoreGeometry(geometry)):
+            self.fit_to_screen()
+        for key, widget in (("sweep/gamma_from", self.sweep.gamma_from), ("sweep/gamma_to", self.sweep.gamma_to),
+                            ("sweep/repeats", self.sweep.repeats), ("compare/repeats", self.compare.repeats)):
+            widget.setValue(store.load_value(self.store, key, widget.value()))
         self.sweep.drafts.setText(store.load_value(self.store, "sweep/drafts", self.sweep.drafts.text()))
-        self.sweep.gamma_from.setValue(store.load_value(self.store, "sweep/gamma_from", 1))
-        self.sweep.gamma_to.setValue(store.load_value(self.store, "sweep/gamma_to", 8))
-        self.sweep.repeats.setValue(store.load_value(self.store, "sweep/repeats", 3))
         self.compare.items.setPlainText(store.load_value(self.store, "compare/items",
                                                          self.compare.items.toPlainText()))
-        self.compare.repeats.setValue(store.load_value(self.store, "compare/repeats", 3))
+
+    def fit_to_screen(self) -> None:
+        """First launch: the default size, shrunk to the screen's available area, placed inside it."""
+        screen = self.screen() or QGuiApplication.primaryScreen()
+        available = screen.availableGeometry()
+        size = first_size(available)
+        self.resize(size)
+        self.move(available.x() + max(0, (available.width() - size.width() - FRAME_ROOM[0]) // 2),
+                  available.y() + max(0, (available.height() - size.height() - FRAME_ROOM[1]) // 2))
 
     def save_state(self) -> None:
         try:
@@ -285,12 +447,12 @@ class MainWindow(QMainWindow):
         except HfspecError:
             pass
         self.store.setValue("window/geometry", self.saveGeometry())
-        store.save_value(self.store, "sweep/drafts", self.sweep.drafts.text())
-        store.save_value(self.store, "sweep/gamma_from", self.sweep.gamma_from.value())
-        store.save_value(self.store, "sweep/gamma_to", self.sweep.gamma_to.value())
-        store.save_value(self.store, "sweep/repeats", self.sweep.repeats.value())
-        store.save_value(self.store, "compare/items", self.compare.items.toPlainText())
-        store.save_value(self.store, "compare/repeats", self.compare.repeats.value())
+        for key, value in (("sweep/drafts", self.sweep.drafts.text()), ("compare/items", self.compare.items.toPlainText()),
+                           ("sweep/gamma_from", self.sweep.gamma_from.value()),
+                           ("sweep/gamma_to", self.sweep.gamma_to.value()),
+                           ("sweep/repeats", self.sweep.repeats.value()),
+                           ("compare/repeats", self.compare.repeats.value())):
+            store.save_value(self.store, key, value)
         self.store.sync()
 
     def shutdown(self) -> None:

@@ -1,5 +1,5 @@
-"""Plot helpers shared by the views: white pyqtgraph plots with their legend below the axes (never over the
-data), error bars, PNG export, number formatting."""
+"""Plot helpers shared by the views: pyqtgraph plots in the theme's colours with their legend below the axes
+(never over the data), error bars, ticks that never overlap, PNG export with the settings, number formatting."""
 
 from __future__ import annotations
 
@@ -8,20 +8,24 @@ import math
 import numpy as np
 import pyqtgraph as pg
 
+from gui import theme
+
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
 LEGEND_ROW = 4  # PlotItem's layout: 0 title, 1 top axis, 2 view box, 3 bottom axis; the legend goes under it
 
 
 def configure_pyqtgraph() -> None:
-    """White plots, dark axes, antialiased lines (call once the QApplication exists)."""
-    pg.setConfigOptions(antialias=True, background="w", foreground="#222")
+    """Plots in the current theme's colours, antialiased lines (call once the QApplication exists)."""
+    t = theme.current()
+    pg.setConfigOptions(antialias=True, background=t.plot_bg, foreground=t.plot_fg)
 
 
 def make_plot(title: str, x_label: str, y_label: str, legend_columns: int = 2) -> pg.PlotWidget:
     """A plot whose legend sits in its own row below the x axis: named items added later are listed there."""
     widget = pg.PlotWidget()
     item = widget.getPlotItem()
-    item.setTitle(title, size="10pt")
+    widget.hfspec_title = title
+    item.setTitle(title, size="10pt", color=theme.current().plot_fg)
     item.setLabel("bottom", x_label)
     item.setLabel("left", y_label)
     item.showGrid(x=False, y=True, alpha=0.2)
@@ -32,6 +36,33 @@ def make_plot(title: str, x_label: str, y_label: str, legend_columns: int = 2) -
     item.legend = legend  # PlotItem.addItem lists every item given a name here
     widget.setMinimumSize(220, 150)
     return widget
+
+
+def retheme_plot(widget: pg.PlotWidget) -> None:
+    """Restyle a plot in the current theme (after the system's colour scheme changed)."""
+    t = theme.current()
+    widget.setBackground(t.plot_bg)
+    item = widget.getPlotItem()
+    item.setTitle(getattr(widget, "hfspec_title", ""), size="10pt", color=t.plot_fg)
+    for name in ("bottom", "left"):
+        axis = item.getAxis(name)
+        axis.setPen(t.plot_fg)
+        axis.setTextPen(t.plot_fg)
+        axis.setLabel(axis.labelText, color=t.plot_fg)
+    item.legend.setLabelTextColor(t.plot_fg)
+
+
+def spaced_ticks(labels: list[tuple[float, str]], width_px: int, char_px: int = 7) -> list[tuple[float, str]]:
+    """Every k-th tick so that labels never overlap in `width_px` pixels (each label at most that many
+    characters, shortened from the left with "…")."""
+    if not labels:
+        return []
+    room = max(24, width_px // len(labels))
+    longest = max(len(text) for _, text in labels) * char_px + 8
+    step = max(1, math.ceil(longest / room)) if longest > room else 1
+    keep = labels[::step]
+    chars = max(4, (room * step - 8) // char_px)
+    return [(x, text if len(text) <= chars else "…" + text[-(chars - 1):]) for x, text in keep]
 
 
 def clear_plot(widget: pg.PlotWidget) -> None:
@@ -53,13 +84,35 @@ def error_bars(xs, ys, sds, colour: str) -> pg.ErrorBarItem:
                            beam=0.15, pen=pg.mkPen(colour, width=1.5))
 
 
-def export_png(widget: pg.PlotWidget, path: str, width: int = 1200) -> None:
-    """Save one plot (legend included) as PNG with pyqtgraph's ImageExporter."""
+def export_png(widget: pg.PlotWidget, path: str, caption: str = "", metadata: dict | None = None,
+               width: int = 1200) -> None:
+    """Save one plot (legend included) as PNG, with `caption` (the settings it shows) printed under it and
+    `metadata` written as PNG text chunks (QImage.text(key) reads them back)."""
     import pyqtgraph.exporters
+    from PySide6.QtCore import QRect, Qt
+    from PySide6.QtGui import QColor, QFont, QImage, QPainter
 
     exporter = pyqtgraph.exporters.ImageExporter(widget.getPlotItem())
     exporter.parameters()["width"] = width
-    exporter.export(path)
+    plot = exporter.export(toBytes=True)
+    lines = caption.count("\n") + 1 if caption else 0
+    font = QFont()
+    font.setPixelSize(14)
+    band = lines * 20 + 12 if lines else 0
+    image = QImage(plot.width(), plot.height() + band, QImage.Format.Format_ARGB32)
+    image.fill(QColor(theme.current().plot_bg))
+    painter = QPainter(image)
+    painter.drawImage(0, 0, plot)
+    if caption:
+        painter.setPen(QColor(theme.current().plot_fg))
+        painter.setFont(font)
+        painter.drawText(QRect(10, plot.height() + 4, plot.width() - 20, band - 4),
+                         int(Qt.AlignmentFlag.AlignLeft | Qt.TextFlag.TextWordWrap), caption)
+    painter.end()
+    for key, value in (metadata or {}).items():
+        image.setText(key, str(value))
+    if not image.save(path, "PNG"):
+        raise OSError(f"could not write {path}")
 
 
 def fmt(value, digits: int = 2, suffix: str = "") -> str:

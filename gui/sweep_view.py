@@ -3,13 +3,20 @@ against γ, measured points ± 1 s.d. over repeats beside the paper's formula.""
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget
 
-from gui.plots import PALETTE, clear_plot, error_bars, make_plot, unit_line
+from gui import theme
+from gui.figures import ROUGH_BELOW_PAIRS, Conditions, row_conditions, row_is_rough
+from gui.plots import PALETTE, clear_plot, error_bars, make_plot, retheme_plot, unit_line
 from gui.widgets import guard_wheel
 from hfspec.session import GAMMA_MAX, SweepResult, SweepRow
+
+NOTE = ("Points: measured, fixed length, pooled over the repeats (bars ± 1 s.d.). Lines: the formula with α pooled "
+        "over the points; estimate with the measured c (time), dotted: weight-bound ideal (c bytes).")
 
 
 class SweepView(QWidget):
@@ -35,11 +42,9 @@ class SweepView(QWidget):
         self.tpp_plot = make_plot("Tokens per target pass against γ", "γ (draft tokens per pass)", "tokens / pass")
         self.speed_plot = make_plot("Speed-up against γ", "γ (draft tokens per pass)", "speed-up (×)")
         self.plots = {"sweep_tokens_per_pass": self.tpp_plot, "sweep_speedup": self.speed_plot}
-        self.note = QLabel("Points: measured, fixed length, pooled over the repeats (bars ± 1 s.d.). Lines: the "
-                           "formula with α pooled over the points; estimate with the measured c (time), dotted: "
-                           "weight-bound ideal (c bytes).")
+        self.note = QLabel()
         self.note.setWordWrap(True)
-        self.note.setStyleSheet("color:#555")
+        self.conditions: Conditions | None = None
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addLayout(bar)
@@ -66,15 +71,51 @@ class SweepView(QWidget):
         self.points.append(point)
         self._draw(SweepResult(settings=None, gammas=self.gammas(), points=list(self.points)))
 
-    def show_result(self, result: SweepResult) -> None:
+    def show_result(self, result: SweepResult, conditions: Conditions | None = None) -> None:
         self.result = result
         self.points = list(result.points)
+        self.conditions = conditions
         self._draw(result)
+
+    @staticmethod
+    def rows_from(section: dict) -> SweepResult:
+        """A saved sweep (the "sweep" section of an export) as a SweepResult."""
+        from hfspec.session import RunSettings
+
+        names = {f.name for f in fields(SweepRow)}
+        points = [SweepRow(**{k: v for k, v in row.items() if k in names}) for row in section["rows"]]
+        settings = dict(section.get("settings") or {})
+        gammas = settings.pop("gamma", None)
+        settings.pop("draft", None)
+        gammas = gammas if isinstance(gammas, list) else sorted({p.gamma for p in points})
+        return SweepResult(settings=RunSettings.from_dict(settings) if settings else None,
+                           gammas=[int(g) for g in gammas if str(g).isdigit()] or [1], points=points,
+                           repeats=section.get("repeats") or 1)
+
+    def retheme(self) -> None:
+        for plot in self.plots.values():
+            retheme_plot(plot)
+        self._note()
+        self._draw(self.result or SweepResult(settings=None, gammas=self.gammas(), points=list(self.points)))
+
+    def _note(self) -> None:
+        rough = [p for p in self.points if row_is_rough(p)]
+        with_ = row_conditions(self.points[0], self.conditions) if self.points else None
+        text = NOTE
+        if with_ is not None:
+            text += f" Measured with {with_.text()} (torch threads, 1-minute load average)."
+        if rough:
+            text += (f" <span style='color:{theme.current().rough}'>Rough: {len(rough)} point(s) from fewer than "
+                     f"{ROUGH_BELOW_PAIRS} timed runs (hollow markers); raise repeats for figures to rely on.</span>")
+        self.note.setText(text)
+        self.note.setStyleSheet(f"color:{theme.current().muted}")
 
     def _draw(self, result: SweepResult) -> None:
         for plot in self.plots.values():
             clear_plot(plot)
         self.speed_plot.addItem(unit_line())
+        if result is not self.result or not self.points:
+            self._note()
         fine = [g / 4 for g in range(4, 4 * max(result.gammas) + 1)]
         for i, draft in enumerate(result.drafts()):
             colour = PALETTE[i % len(PALETTE)]
@@ -95,5 +136,6 @@ class SweepView(QWidget):
                                  pen=pg.mkPen(colour, width=1, style=Qt.PenStyle.DotLine), name=f"{draft}: ideal")
             measured = [p.measured_speedup for p in pts]
             self.speed_plot.addItem(error_bars(xs, measured, [p.measured_speedup_sd for p in pts], colour))
-            self.speed_plot.plot(xs, measured, pen=None, symbol="t", symbolSize=9, symbolBrush=colour,
-                                 symbolPen="k", name=f"{draft}: measured")
+            brushes = [None if row_is_rough(p) else colour for p in pts]  # rough points are hollow
+            self.speed_plot.plot(xs, measured, pen=None, symbol="t", symbolSize=9, symbolBrush=brushes,
+                                 symbolPen=colour, name=f"{draft}: measured")

@@ -1,11 +1,28 @@
-"""Small widgets the views share: metric cards that wrap (a flow layout), and a wheel guard for inputs."""
+"""Small widgets the views share: metric cards that wrap (a flow layout), a wheel guard for inputs, spin boxes
+that say when they refuse input."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import QEvent, QObject, QPoint, QRect, QSize, Qt
-from PySide6.QtWidgets import QAbstractSpinBox, QComboBox, QLabel, QLayout, QSizePolicy, QWidget
+from PySide6.QtCore import QEvent, QObject, QPoint, QRect, QSize, Qt, Signal
+from PySide6.QtGui import QValidator
+from PySide6.QtWidgets import (
+    QAbstractSpinBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QLabel,
+    QLayout,
+    QSizePolicy,
+    QSpinBox,
+    QWidget,
+)
 
-CARD_STYLE = "QLabel { background: #f4f6f8; border: 1px solid #d8dde3; border-radius: 4px; padding: 3px 6px; }"
+from gui import theme
+
+
+def card_style(flagged: bool = False) -> str:
+    t = theme.current()
+    border = f"2px solid {t.rough}" if flagged else f"1px solid {t.card_border}"
+    return f"QLabel {{ background: {t.card_bg}; border: {border}; border-radius: 4px; padding: 3px 6px; }}"
 
 
 class FlowLayout(QLayout):
@@ -73,18 +90,32 @@ class Metric(QLabel):
     def __init__(self, caption: str, tooltip: str = "", template: str = "00.00×"):
         super().__init__()
         self.caption = caption
+        self.tip = tooltip
+        self.flag = ""
         self.setToolTip(tooltip)
         self.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        self.setStyleSheet(CARD_STYLE)
+        self.setStyleSheet(card_style())
         self.set_value(template)
-        self.setFixedSize(self.sizeHint())
+        self.setFixedSize(self.sizeHint() + QSize(4, 2))  # room for a flagged card's thicker border
         self.setSizePolicy(QSizePolicy.Policy.Fixed, QSizePolicy.Policy.Fixed)
         self.set_value("—")
 
     def set_value(self, text: str) -> None:
         self.value_text = text
-        self.setText(f"<div style='font-size:10px;color:#555'>{self.caption}</div>"
-                     f"<div style='font-size:15px;font-weight:600'>{text}</div>")
+        t = theme.current()
+        value_style = "font-size:15px;font-weight:600" + (f";color:{t.rough}" if self.flag else "")
+        self.setText(f"<div style='font-size:10px;color:{t.muted}'>{self.caption}</div>"
+                     f"<div style='{value_style}'>{text}</div>")
+
+    def set_flag(self, why: str) -> None:
+        """Mark the value as unreliable (`why` joins the tooltip); "" clears the mark."""
+        self.flag = why
+        self.setToolTip(f"{self.tip}\n\n{why}" if why else self.tip)
+        self.restyle()
+
+    def restyle(self) -> None:
+        self.setStyleSheet(card_style(bool(self.flag)))
+        self.set_value(self.value_text)
 
 
 class WheelGuard(QObject):
@@ -105,3 +136,26 @@ def guard_wheel(root: QWidget) -> WheelGuard:
         widget.setFocusPolicy(Qt.FocusPolicy.StrongFocus)  # the wheel must not focus it either
         widget.installEventFilter(guard)
     return guard
+
+
+class _Checked:
+    """Spin box part: input the box cannot take (out of range, a minus sign where none is allowed) is reported
+    through `refused(text)` instead of being dropped silently."""
+
+    def validate(self, text, pos):
+        result = super().validate(text, pos)
+        state = result[0] if isinstance(result, tuple) else result
+        if state == QValidator.State.Invalid and text.strip():
+            self.refused.emit(text.strip())
+        return result
+
+    def range_text(self) -> str:
+        return f"{self.textFromValue(self.minimum())} to {self.textFromValue(self.maximum())}"
+
+
+class CheckedSpinBox(_Checked, QSpinBox):
+    refused = Signal(str)
+
+
+class CheckedDoubleSpinBox(_Checked, QDoubleSpinBox):
+    refused = Signal(str)

@@ -14,12 +14,14 @@ from dataclasses import dataclass, field
 
 from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 
+from gui.figures import Conditions
 from hfspec.errors import HfspecError
 from hfspec.session import Cancelled, LiveBuffer, RunSettings, Session
 
 REDRAW_MS = 50  # ~20 Hz
 SETTLE_MS = 200  # after drawing the run, the GUI stays idle this long before the speed-up is timed
 SETTLE_TIMEOUT_S = 3.0  # the worker never waits longer than this for the display
+FAILED_TITLES = {"run": "Run failed", "sweep": "Sweep failed", "compare": "Compare failed"}
 
 
 @dataclass
@@ -52,16 +54,18 @@ class Worker(QObject):
         self.buffer = buffer
         self.stop_event = stop
         self.settled = threading.Event()
+        self.conditions: Conditions | None = None  # threads and load when the last job measured
 
     def _wait_for_display(self) -> None:
         """Called on this thread before the speed-up is timed: wait until the GUI has taken every snapshot and
-        drawn them (the GUI thread would otherwise share the cores with the runs being timed)."""
+        drawn them (a busy GUI thread takes CPU time from the runs being timed, on a machine with few cores)."""
         deadline = time.monotonic() + SETTLE_TIMEOUT_S
         while len(self.buffer) and time.monotonic() < deadline:
             time.sleep(REDRAW_MS / 1000)
         self.settled.clear()
         self.settle.emit()
         self.settled.wait(max(0.0, deadline - time.monotonic()))
+        self.conditions = Conditions.now()
 
     @Slot(object)
     def start(self, job: Job) -> None:
@@ -74,6 +78,7 @@ class Worker(QObject):
                 self.generating.emit()
             self.buffer.push(snapshot)
 
+        self.conditions = Conditions.now()  # sweep and compare measure from the start
         try:
             if job.kind == "run":
                 out = self.session.run(job.settings, on_live=on_live, should_stop=should_stop,
@@ -91,9 +96,10 @@ class Worker(QObject):
         except Cancelled:
             self.cancelled.emit()
         except HfspecError as exc:
-            self.failed.emit("hfspec", str(exc))
+            self.failed.emit(FAILED_TITLES.get(job.kind, "Failed"), str(exc))
         except Exception as exc:  # noqa: BLE001 - any failure is reported; the app keeps running
-            self.failed.emit(f"{type(exc).__name__}", f"{exc}\n\n{traceback.format_exc(limit=6)}")
+            self.failed.emit(f"{FAILED_TITLES.get(job.kind, 'Failed')}: {type(exc).__name__}",
+                             f"{exc}\n\n{traceback.format_exc(limit=6)}")
         else:
             self.result.emit(out)
         finally:

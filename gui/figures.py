@@ -1,0 +1,254 @@
+"""What the dashboard shows, computed from results without Qt (tested directly): the measured figures with the
+conditions they were taken under, estimates from the timed measurement only, the formula for a γ that varies
+from pass to pass, and one-line descriptions of the settings that produced a result."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, fields
+
+from hfspec.stats import SpecStats
+from hfspec.stats import expected_tokens_per_pass as formula_for_gamma
+
+ROUGH_BELOW_PAIRS = 3  # a measured speed-up from fewer timed (speculative, plain) pairs is flagged as rough
+
+
+@dataclass
+class Conditions:
+    """The machine while a figure was measured: torch's CPU threads and the 1-minute load average."""
+
+    threads: int | None = None
+    load_avg: float | None = None
+
+    @classmethod
+    def now(cls) -> Conditions:
+        import torch
+
+        return cls(torch.get_num_threads(), _load_avg())
+
+    def text(self) -> str:
+        threads = "? threads" if self.threads is None else f"{self.threads} thread{'s' if self.threads != 1 else ''}"
+        load = "" if self.load_avg is None else f" · load {self.load_avg:.2f}"
+        return threads + load
+
+
+@dataclass
+class Measured:
+    """A run's timed measurement: speculative decoding without the live display beside plain decoding of the
+    same tokens. `stats`: the timed speculative run's statistics (the source of the estimate), when given."""
+
+    speedup: float | None = None
+    speculative_tps: float | None = None
+    plain_tps: float | None = None
+    plain_tokens: int | None = None
+    pairs: int | None = None
+    rough: bool = False
+    conditions: Conditions | None = None
+    stats: SpecStats | None = None
+
+    @property
+    def estimate(self) -> float | None:
+        return estimate_of(self.stats)
+
+    @property
+    def c_time(self) -> float | None:
+        return number(self.stats.c_time) if self.stats is not None else None
+
+
+def measured_of(result, fallback: Conditions | None = None) -> Measured | None:
+    """The measurement of a RunResult (None when none was taken). Reads the measurement the library attaches
+    (`result.measurement`, else the baseline); conditions it does not carry come from `fallback`."""
+    m = getattr(result, "measurement", None) or getattr(result, "baseline", None)
+    if m is None:
+        return None
+    speedup = number(_first(m, "measured_speedup")) or number(getattr(result, "measured_speedup", None))
+    pairs = _first(m, "pairs")
+    rough = _first(m, "rough")
+    threads, load = _first(m, "threads"), _first(m, "load_avg")
+    conditions = Conditions(threads, load) if threads is not None else fallback
+    return Measured(
+        speedup=speedup,
+        speculative_tps=number(_first(m, "speculative_tokens_per_second")),
+        plain_tps=number(_first(m, "plain_tokens_per_second", "tokens_per_second")),
+        plain_tokens=_first(m, "plain_new_tokens", "new_tokens"),
+        pairs=pairs,
+        rough=bool(rough) if rough is not None else (pairs is not None and pairs < ROUGH_BELOW_PAIRS),
+        conditions=conditions,
+        stats=_first(m, "stats", "speculative_stats"),
+    )
+
+
+def row_conditions(row, fallback: Conditions | None = None) -> Conditions | None:
+    """The conditions a sweep / compare row was measured under (its own when it carries them)."""
+    threads = getattr(row, "threads", None)
+    return Conditions(threads, getattr(row, "load_avg", None)) if threads is not None else fallback
+
+
+def row_pairs(row) -> int | None:
+    """Timed pairs behind a sweep / compare row's measured speed-up (its repeats when it does not say)."""
+    pairs = getattr(row, "pairs", None)
+    return pairs if pairs is not None else getattr(row, "repeats", None)
+
+
+def row_is_rough(row) -> bool:
+    rough = getattr(row, "rough", None)
+    if rough is not None:
+        return bool(rough)
+    pairs = row_pairs(row)
+    return pairs is not None and pairs < ROUGH_BELOW_PAIRS
+
+
+def estimate_of(stats) -> float | None:
+    """The estimated speed-up of a timed run's statistics; None where none exists (no draft forward timed)."""
+    if stats is None:
+        return None
+    return number(getattr(stats, "estimated_speedup", None))
+
+
+def number(value) -> float | None:
+    """A shown number, or None for a missing, zero or non-finite one (drawn as a gap, shown as "—")."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) and value != 0.0 else None
+
+
+def formula_tokens_per_pass(alpha: float | None, gammas: list[int]) -> float | None:
+    """Expected tokens per target pass for the γ each pass actually proposed: the mean over passes of
+    (1 − α^(γ+1)) / (1 − α) (a pass that proposes nothing yields one token). None before anything was checked."""
+    if alpha is None or not gammas:
+        return None
+    return sum(formula_for_gamma(alpha, int(g)) for g in gammas) / len(gammas)
+
+
+def gap(value) -> float:
+    """A plotted value: NaN (a gap in a line drawn with connect="finite") where there is nothing to plot."""
+    v = number(value)
+    return math.nan if v is None else v
+
+
+def describe(settings) -> str:
+    """A one-line description of the settings that produced a result."""
+    if settings is None:
+        return ""
+    target = os.path.basename(str(settings.target).rstrip("/")) or str(settings.target)
+    gamma = "γ auto" if settings.gamma == "auto" else f"γ {settings.gamma}"
+    parts = [f"{target} + {settings.draft}", gamma, f"T {float(settings.temperature):g}"]
+    if settings.top_k:
+        parts.append(f"top-k {settings.top_k}")
+    if float(settings.top_p) < 1.0:
+        parts.append(f"top-p {float(settings.top_p):g}")
+    parts += [f"seed {settings.seed}", f"{settings.max_new_tokens} tokens"]
+    if settings.dtype:
+        parts.append(settings.dtype)
+    return " · ".join(parts)
+
+
+COMPARED = ("target", "draft", "gamma", "temperature", "top_k", "top_p", "max_new_tokens", "seed", "prompt",
+            "chat", "ignore_eos", "device", "dtype")
+
+
+def changed_fields(shown, form) -> list[str]:
+    """The settings (of COMPARED) in which the form differs from the settings of the results on show."""
+    if shown is None or form is None:
+        return []
+    return [name for name in COMPARED if getattr(shown, name, None) != getattr(form, name, None)]
+
+
+def stats_from_dict(data: dict | None) -> SpecStats | None:
+    """SpecStats from its to_dict() (derived numbers are recomputed, not read)."""
+    if not data:
+        return None
+    names = {f.name for f in fields(SpecStats)}
+    return SpecStats(**{k: v for k, v in data.items() if k in names})
+
+
+def _first(obj, *names):
+    for name in names:
+        value = getattr(obj, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def _load_avg() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):  # not on every platform
+        return None
+
+
+def measured_to_dict(m: Measured | None) -> dict | None:
+    if m is None:
+        return None
+    c = m.conditions or Conditions()
+    return {"measured_speedup": m.speedup, "speculative_tokens_per_second": m.speculative_tps,
+            "plain_tokens_per_second": m.plain_tps, "plain_new_tokens": m.plain_tokens, "pairs": m.pairs,
+            "rough": m.rough, "threads": c.threads, "load_avg": c.load_avg,
+            "stats": m.stats.to_dict() if m.stats is not None else None}
+
+
+def measured_from_dict(d: dict | None) -> Measured | None:
+    if not d:
+        return None
+    return Measured(speedup=number(d.get("measured_speedup")), speculative_tps=number(d.get("speculative_tokens_per_second")),
+                    plain_tps=number(d.get("plain_tokens_per_second")), plain_tokens=d.get("plain_new_tokens"),
+                    pairs=d.get("pairs"), rough=bool(d.get("rough")),
+                    conditions=Conditions(d.get("threads"), d.get("load_avg")) if d.get("threads") is not None else None,
+                    stats=stats_from_dict(d.get("stats")))
+
+
+@dataclass
+class ShownRun:
+    """A run as the Live tab shows it: from this session's RunResult or from a saved JSON export. `data` is its
+    JSON-ready form (what File → Export writes and File → Open reads)."""
+
+    settings: object
+    stats: SpecStats              # the live run's statistics (α, tokens per pass, acceptance by position)
+    pieces: list[tuple[str, str]]
+    measured: Measured | None
+    stop_reason: str              # for people: "EOS", "max tokens", ...
+    data: dict
+    source: str = ""              # "" for this session's run; the file it was opened from
+
+    @property
+    def text(self) -> str:
+        return "".join(p for p, _ in self.pieces)
+
+    @classmethod
+    def from_result(cls, result, fallback: Conditions | None = None) -> ShownRun:
+        measured = measured_of(result, fallback)
+        data = result.to_dict() | {"pieces": [list(p) for p in result.pieces],
+                                   "measurement": measured_to_dict(measured)}
+        return cls(result.settings, result.stats, list(result.pieces), measured, result.stop_reason, data)
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "") -> ShownRun:
+        """From a saved run (the "run" section of an export); HfspecError naming what is missing."""
+        from hfspec.errors import HfspecError
+        from hfspec.session import RunSettings
+
+        missing = [k for k in ("settings", "stats") if not isinstance(data.get(k), dict)]
+        if missing:
+            raise HfspecError(f"saved run: {', '.join(missing)} missing; allowed: a JSON file exported by the "
+                              "dashboard (File → Export statistics)")
+        stats = stats_from_dict(data["stats"])
+        if data.get("pieces"):
+            pieces = [(str(t), str(k)) for t, k in data["pieces"]]
+        else:  # an export without per-token text: the text, uncoloured
+            pieces = [(str(data.get("text", "")), "text")]
+        from_summary = {"measured_speedup": (data.get("summary") or {}).get("measured_speedup")}
+        measured = measured_from_dict(data.get("measurement") or (from_summary if from_summary["measured_speedup"]
+                                                                  else None))
+        reason = stats.stop_reason
+        try:
+            from hfspec.session import STOP_REASONS
+
+            reason = STOP_REASONS.get(reason, reason)
+        except ImportError:
+            pass
+        return cls(RunSettings.from_dict(data["settings"]), stats, pieces, measured, reason, data, source)
