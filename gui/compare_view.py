@@ -116,6 +116,7 @@ class CompareView(QWidget):
         layout.addWidget(self.note)
         self.wheel_guard = guard_wheel(self)
         self.rows: list[CompareRow] = []
+        self._draw()
 
     def entries(self) -> list[str]:
         return [line.strip() for line in self.items.toPlainText().splitlines() if line.strip()]

@@ -257,18 +257,10 @@ class LiveView(QWidget):
         """Take the snapshots that arrived since the last redraw and redraw once."""
         pieces = []
         for s in snapshots:
-            self.rounds.append(s.round_index + 1)
-            self._window = (self._window + [(s.accepted, s.checked)])[-ROLLING_WINDOW:]
-            checked = sum(k for _, k in self._window)
-            # a pass that checked nothing has no acceptance rate: a gap, not 0
-            self.rolling.append(sum(a for a, _ in self._window) / checked if s.checked and checked else math.nan)
-            self.alphas.append(s.alpha if s.checked else math.nan)
-            self.tpp.append(s.tokens_per_pass)
-            self.committed.append(s.committed)
-            self.gammas.append(s.gamma)
-            self.expected.append(gap(formula_tokens_per_pass(self._cumulative_alpha(), self.gammas)))
-            pieces.extend(s.pieces)
             self.last = s
+            self._push(s.round_index + 1, s.gamma, s.accepted, s.checked, s.committed, s.tokens_per_pass,
+                       self._cumulative_alpha())
+            pieces.extend(s.pieces)
         if pieces:
             self._append_pieces(pieces)
         if self.last is not None:
@@ -288,6 +280,19 @@ class LiveView(QWidget):
         if s is None or not s.checked_by_position or not sum(s.checked_by_position):
             return None
         return s.alpha
+
+    def _push(self, index: int, gamma: int, accepted: int, checked: int, committed: int, tpp: float,
+              alpha: float | None) -> None:
+        """One target pass onto the curves; a pass that checked nothing has no acceptance rate: a gap, not 0."""
+        self.rounds.append(index)
+        self._window = (self._window + [(accepted, checked)])[-ROLLING_WINDOW:]
+        in_window = sum(k for _, k in self._window)
+        self.rolling.append(sum(a for a, _ in self._window) / in_window if checked and in_window else math.nan)
+        self.alphas.append(alpha if checked and alpha is not None else math.nan)
+        self.tpp.append(tpp)
+        self.committed.append(committed)
+        self.gammas.append(gamma)
+        self.expected.append(gap(formula_tokens_per_pass(alpha, self.gammas)))
 
     def redraw(self) -> None:
         self.rolling_curve.setData(self.rounds, self.rolling)
@@ -370,19 +375,11 @@ class LiveView(QWidget):
 
     def _replay(self, shown: ShownRun) -> None:
         """Curves and text of a run whose live snapshots this view did not see (opened from a file)."""
-        series = shown.data.get("series") or []
-        window: list[tuple[int, int]] = []
-        for row in series:
-            self.rounds.append(int(row["pass"]))
-            window = (window + [(row.get("accepted", 0), row.get("checked", 0))])[-ROLLING_WINDOW:]
-            checked = sum(k for _, k in window)
-            self.rolling.append(sum(a for a, _ in window) / checked if row.get("checked") and checked else math.nan)
-            self.alphas.append(row["alpha"] if row.get("checked") else math.nan)
-            self.tpp.append(row["tokens_per_pass"])
-            self.committed.append(row.get("committed", 0))
-            self.gammas.append(row["gamma"])
-            cumulative = row["alpha"] if any(r.get("checked") for r in series[:len(self.rounds)]) else None
-            self.expected.append(gap(formula_tokens_per_pass(cumulative, self.gammas)))
+        checked_so_far = 0
+        for row in shown.data.get("series") or []:
+            checked_so_far += row.get("checked", 0)
+            self._push(int(row["pass"]), row["gamma"], row.get("accepted", 0), row.get("checked", 0),
+                       row.get("committed", 0), row["tokens_per_pass"], row["alpha"] if checked_so_far else None)
         self.redraw()
         if shown.stats.checked_by_position:
             self._position_bars(shown.stats.accepted_by_position, shown.stats.checked_by_position)

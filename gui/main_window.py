@@ -94,7 +94,7 @@ class MainWindow(QMainWindow):
         self.last_error: tuple[str, str] | None = None
         hints = QGuiApplication.styleHints()
         if hasattr(hints, "colorSchemeChanged"):
-            hints.colorSchemeChanged.connect(lambda _: self.follow_system_theme())
+            hints.colorSchemeChanged.connect(self._system_theme_changed)
         self._restore()
         self._show_threads()
 
@@ -144,6 +144,9 @@ class MainWindow(QMainWindow):
         self.glossary.show()
         self.glossary.raise_()
         return self.glossary
+
+    def _system_theme_changed(self, _scheme) -> None:
+        self.follow_system_theme()
 
     def follow_system_theme(self) -> None:
         """Restyle everything in the system's colour scheme (called when it changes)."""
@@ -459,6 +462,12 @@ class MainWindow(QMainWindow):
         """Save settings and end the worker thread (also done on close)."""
         self.save_state()
         self.controller.shutdown()
+        hints = QGuiApplication.styleHints()
+        if hasattr(hints, "colorSchemeChanged"):
+            try:
+                hints.colorSchemeChanged.disconnect(self._system_theme_changed)
+            except (RuntimeError, TypeError):  # already disconnected (shutdown runs again on close)
+                pass
 
     def closeEvent(self, event):  # noqa: N802 - Qt's name
         self.shutdown()

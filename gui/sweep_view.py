@@ -114,8 +114,7 @@ class SweepView(QWidget):
         for plot in self.plots.values():
             clear_plot(plot)
         self.speed_plot.addItem(unit_line())
-        if result is not self.result or not self.points:
-            self._note()
+        self._note()
         fine = [g / 4 for g in range(4, 4 * max(result.gammas) + 1)]
         for i, draft in enumerate(result.drafts()):
             colour = PALETTE[i % len(PALETTE)]

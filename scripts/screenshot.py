@@ -1,4 +1,4 @@
-"""Take the README's pictures of the real dashboard: the Live, Sweep and Compare tabs at 1440×900 and the Live
+"""Take the README's pictures of the real dashboard: the Live, Sweep and Compare tabs at 1366×768 and the Live
 tab at 1024×700 (docs/screenshot*.png), after real runs of the micro-rtn4 preset.
 
     scripts/screenshot.sh                       # under Xvfb (xvfb-run), the X screen is grabbed
@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+LARGE, SMALL = (1366, 768), (1024, 700)  # a common laptop screen, and a small one
 sys.path.insert(0, str(ROOT))
 NANO = ROOT / "presets" / "models" / "nano"
 
@@ -29,15 +30,12 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
-    import torch
     from PySide6.QtCore import QEventLoop, QSettings, QTimer
     from PySide6.QtWidgets import QApplication
 
-    from gui.app import default_threads
     from gui.main_window import MainWindow
 
-    torch.set_num_threads(default_threads())  # as `hfspec gui` does
-    app = QApplication([sys.argv[0]])
+    app = QApplication([sys.argv[0]])  # torch keeps its default threads, as `hfspec gui` does
     tmp = tempfile.mkdtemp(prefix="hfspec-shot-")
     window = MainWindow(settings_store=QSettings(os.path.join(tmp, "gui.ini"), QSettings.Format.IniFormat))
     window.move(0, 0)
@@ -46,7 +44,7 @@ def main() -> int:
         return 2
     window.controls.seed.setValue(args.seed)
     window.controls.max_new_tokens.setValue(args.max_new_tokens)
-    window.resize(1440, 900)
+    window.resize(*LARGE)
     window.show()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -90,7 +88,7 @@ def main() -> int:
     shot("screenshot-compare.png")
     window.tabs.setCurrentWidget(window.live)
     shot("screenshot.png")
-    window.resize(1024, 700)
+    window.resize(*SMALL)
     shot("screenshot-1024x700.png")
     window.shutdown()
     window.close()
