@@ -64,7 +64,8 @@ def quit_on_interrupt(app):
     a timer wakes the interpreter regularly while Qt's event loop waits; returns that timer."""
     from PySide6.QtCore import QTimer
 
-    signal.signal(signal.SIGINT, lambda *_: app.quit())
+    # queued, so that a Ctrl+C before the event loop started still quits once it runs
+    signal.signal(signal.SIGINT, lambda *_: QTimer.singleShot(0, app.quit))
     timer = QTimer(app)
     timer.setInterval(200)
     timer.timeout.connect(lambda: None)
@@ -85,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hfspec gui: error: --threads: got {args.threads}; allowed: an integer >= 1", file=sys.stderr)
         return 2
     try:
+        from PySide6.QtCore import QTimer
         from PySide6.QtWidgets import QApplication
     except ImportError:
         print("hfspec gui needs PySide6 and pyqtgraph: pip install 'hfspec[gui]'", file=sys.stderr)
@@ -112,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     app.aboutToQuit.connect(window.controller.shutdown)
     quit_on_interrupt(app)
     window.show()
-    print(f"hfspec gui: {torch.get_num_threads()} torch threads; Ctrl+C here quits", file=sys.stderr, flush=True)
+    QTimer.singleShot(0, lambda: print(f"hfspec gui: {torch.get_num_threads()} torch threads; Ctrl+C here quits",
+                                       file=sys.stderr, flush=True))
     if args.run:
         window.start_run()
     code = app.exec()

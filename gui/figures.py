@@ -4,6 +4,7 @@ from pass to pass, and one-line descriptions of the settings that produced a res
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass, fields
@@ -57,8 +58,8 @@ class Measured:
 
 
 def measured_of(result, fallback: Conditions | None = None) -> Measured | None:
-    """The measurement of a RunResult (None when none was taken). Reads the measurement the library attaches
-    (`result.measurement`, else the baseline); conditions it does not carry come from `fallback`."""
+    """The measurement of a RunResult (None when none was taken): `result.measurement` (hfspec.measure), else its
+    baseline; conditions it does not carry come from `fallback`."""
     m = getattr(result, "measurement", None) or getattr(result, "baseline", None)
     if m is None:
         return None
@@ -75,8 +76,14 @@ def measured_of(result, fallback: Conditions | None = None) -> Measured | None:
         pairs=pairs,
         rough=bool(rough) if rough is not None else (pairs is not None and pairs < ROUGH_BELOW_PAIRS),
         conditions=conditions,
-        stats=_first(m, "stats", "speculative_stats"),
+        stats=_first(m, "stats", "speculative_stats") or pooled(getattr(m, "speculative_runs", None)),
     )
+
+
+def pooled(runs) -> SpecStats | None:
+    """Several timed runs' statistics as one (counts and times added up)."""
+    runs = list(runs or [])
+    return functools.reduce(SpecStats.merge, runs) if runs else None
 
 
 def row_conditions(row, fallback: Conditions | None = None) -> Conditions | None:

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -214,9 +215,9 @@ def test_results_say_which_settings_produced_them(qtbot, window):
     c.max_new_tokens.setValue(64)
     with qtbot.waitSignal(window.controller.live, timeout=TIMEOUT_MS):
         window.start_run()
-    assert not c.body.isEnabled() and c.prompt.isReadOnly()  # the form cannot change under a run
+    assert not c.target.isEnabled() and not c.gamma.isEnabled() and c.prompt.isReadOnly()  # frozen during a run
     qtbot.waitSignal(window.controller.done, timeout=TIMEOUT_MS).wait()
-    assert c.body.isEnabled() and not c.prompt.isReadOnly()
+    assert c.target.isEnabled() and c.gamma.isEnabled() and not c.prompt.isReadOnly()
     assert "γ 4" in live.origin.text() and "rtn4-compiled" in live.origin.text()
     c.gamma.setValue(7)
     assert "form has changed since (gamma)" in live.origin.text()  # γ 7 on the form, results of γ 4
@@ -302,10 +303,16 @@ def test_errors_are_titled_and_shown_whole(qtbot, window):
 def test_ctrl_c_in_the_terminal_quits_hfspec_gui(tmp_path):
     env = dict(os.environ, QT_QPA_PLATFORM="offscreen", PYTHONPATH=str(ROOT), HFSPEC_GUI_SETTINGS=str(tmp_path / "s.ini"))
     proc = subprocess.Popen([sys.executable, "-m", "gui.app"], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
-    try:
+    ready = threading.Event()
+
+    def read():
         for line in proc.stderr:  # the window is up once it says how to quit
             if "Ctrl+C here quits" in line:
-                break
+                ready.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        assert ready.wait(timeout=240), "hfspec gui never said that Ctrl+C quits it"
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0
     finally:
