@@ -200,14 +200,23 @@ class CompareView(QWidget):
                 if pts:
                     item.addItem(error_bars([p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts],
                                             theme.current().plot_fg))
-            ticks = [(i, row.label) for i, row in enumerate(self.rows)]
-            item.getAxis("bottom").setTicks([spaced_ticks(ticks, max(100, plot.width() - 60))])
             if self.rows:
                 item.setXRange(-0.6, len(self.rows) - 0.4, padding=0)
+        self._ticks()
         rough = sum(row_is_rough(r) for r in self.rows)
         self.note.setText(f"<span style='color:{theme.current().rough}'>Rough: {rough} row(s) measured from fewer "
                           f"than {ROUGH_BELOW_PAIRS} timed runs; raise repeats for figures to rely on.</span>"
                           if rough else "")
+
+    def _ticks(self) -> None:
+        """Draft names under the bars, shortened to the plot's width (again whenever it changes)."""
+        for plot in self.plots.values():
+            ticks = spaced_ticks([(i, row.label) for i, row in enumerate(self.rows)], max(60, plot.width() - 60))
+            plot.getPlotItem().getAxis("bottom").setTicks([ticks])
+
+    def resizeEvent(self, event):  # noqa: N802 - Qt's name
+        super().resizeEvent(event)
+        self._ticks()
 
     @staticmethod
     def _value(row, key: str) -> float | None:

@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import json
-import os
-
-from PySide6.QtCore import QByteArray, QRect, QSize, Qt
+from PySide6.QtCore import QRect, QSize, Qt
 from PySide6.QtGui import QAction, QGuiApplication, QKeySequence
-from PySide6.QtWidgets import QFileDialog, QLabel, QMainWindow, QMessageBox, QSplitter, QTabWidget
+from PySide6.QtWidgets import QLabel, QMainWindow, QMessageBox, QSplitter, QTabWidget
 
-from gui import export, theme
 from gui import settings as store
+from gui import theme
 from gui.compare_view import CompareView
 from gui.compile_clock import CompileClock
 from gui.controls import ControlPanel
-from gui.figures import Conditions, ShownRun, describe
+from gui.figures import Conditions, describe
+from gui.files import FileActions
 from gui.glossary import GlossaryDialog
 from gui.live_view import LiveView
-from gui.plots import configure_pyqtgraph, export_png
+from gui.plots import configure_pyqtgraph
 from gui.sweep_view import SweepView
 from gui.worker import Job, RunController
 from hfspec.drafts import registry
@@ -34,7 +32,7 @@ def first_size(available: QRect) -> QSize:
                  min(DEFAULT_SIZE[1], available.height() - FRAME_ROOM[1]))
 
 
-class MainWindow(QMainWindow):
+class MainWindow(FileActions, QMainWindow):
     def __init__(self, session: Session | None = None, settings_store=None):
         super().__init__()
         theme.apply(theme.system_theme())
@@ -93,7 +91,8 @@ class MainWindow(QMainWindow):
         w.cancelled.connect(self._cancelled)
         self.last_error: tuple[str, str] | None = None
         hints = QGuiApplication.styleHints()
-        if hasattr(hints, "colorSchemeChanged"):
+        self._follows_theme = hasattr(hints, "colorSchemeChanged")
+        if self._follows_theme:
             hints.colorSchemeChanged.connect(self._system_theme_changed)
         self._restore()
         self._show_threads()
@@ -153,94 +152,6 @@ class MainWindow(QMainWindow):
         theme.apply(theme.system_theme())
         for view in (self.live, self.sweep, self.compare, self.controls):
             view.retheme()
-
-    # ------------------------------------------------------------------ files
-    def open_saved(self, path: str | None = None) -> bool:
-        """Show a run, sweep and compare saved by File → Export statistics (JSON) again."""
-        if path is None:
-            path, _ = QFileDialog.getOpenFileName(self, "Open a saved run", "", "JSON (*.json)")
-            if not path:
-                return False
-        try:
-            data = export.read_json(path)
-            shown = ShownRun.from_dict(data["run"], source=os.path.basename(path)) if "run" in data else None
-            sweep = self.sweep.rows_from(data["sweep"]) if "sweep" in data else None
-            compare = self.compare.rows_from(data["compare"]) if "compare" in data else None
-        except (HfspecError, KeyError, TypeError, ValueError) as exc:
-            self.show_error("Open failed", str(exc) if isinstance(exc, HfspecError)
-                            else f"open: {path}: not a dashboard export ({type(exc).__name__}: {exc})")
-            return False
-        if shown is not None:
-            self.live.clear(data["run"].get("prompt", ""), shown.settings)
-            self.live.finish(shown)
-            self.live.form_changed(self._form_settings())
-        if sweep is not None:
-            self.sweep.show_result(sweep)
-        if compare is not None:
-            self.compare_settings, self.compare_drafts = compare[1], data["compare"]["settings"].get("draft")
-            self.compare.show_rows(compare[0])
-        self.tabs.setCurrentWidget(self.live if shown else self.sweep if sweep else self.compare)
-        self._status(f"Opened {path}")
-        return True
-
-    def export_plots(self, folder: str | None = None) -> list[str]:
-        """Every plot of the current tab as PNG into `folder` (asked for when None), each with the settings
-        that produced it as a caption and as PNG text ("hfspec-settings"); returns the paths."""
-        if folder is None:
-            folder = QFileDialog.getExistingDirectory(self, "Export plots to folder")
-            if not folder:
-                return []
-        caption, settings = self._provenance()
-        paths = []
-        for name, plot in self.tabs.currentWidget().plots.items():
-            path = os.path.join(folder, f"hfspec-{name}.png")
-            export_png(plot, path, caption, {"hfspec-settings": json.dumps(settings, ensure_ascii=False),
-                                             "Description": caption, "Software": "hfspec dashboard"})
-            paths.append(path)
-        self._status(f"Saved {len(paths)} plot(s) to {folder}")
-        return paths
-
-    def _provenance(self) -> tuple[str, dict]:
-        """Caption and settings of the current tab's results."""
-        data = self.statistics()
-        key = {id(self.live): "run", id(self.sweep): "sweep", id(self.compare): "compare"}[id(self.tabs.currentWidget())]
-        settings = (data.get(key) or {}).get("settings") or {}
-        if key == "run" and self.live.shown_settings is not None:
-            return describe(self.live.shown_settings), settings
-        drafts = ", ".join(map(str, settings.get("draft") or []))
-        gamma = settings.get("gamma")
-        gammas = f"γ {gamma[0]}–{gamma[-1]}" if isinstance(gamma, list) and gamma else f"γ {gamma}"
-        target = os.path.basename(str(settings.get("target", "")).rstrip("/"))
-        return (f"{target} · drafts {drafts} · {gammas} · T {settings.get('temperature')} · seed "
-                f"{settings.get('seed')} · {settings.get('max_new_tokens')} tokens" if settings else ""), settings
-
-    def statistics(self) -> dict:
-        """The statistics on show (the last run, sweep and compare), with their settings; JSON-ready."""
-        return export.statistics(self.live.result, self.sweep.result, self.sweep.points, self.compare.rows,
-                                 self.compare_settings, self.compare_drafts, self.controller.worker.conditions)
-
-    def export_statistics(self, path: str | None = None) -> str | None:
-        """Write statistics as .json (everything; File → Open shows it again) or .csv (the current tab's table;
-        on the Live tab also the per-pass series as name-passes.csv)."""
-        if path is None:
-            path, _ = QFileDialog.getSaveFileName(self, "Export statistics", "hfspec-stats.json",
-                                                  "JSON (*.json);;CSV (*.csv)")
-            if not path:
-                return None
-        data = self.statistics()
-        if not path.lower().endswith(".csv"):
-            export.write_json(data, path)
-        elif self.tabs.currentWidget() is self.sweep and "sweep" in data:
-            export.write_csv(export.table_rows(data["sweep"]), path)
-        elif self.tabs.currentWidget() is self.compare and "compare" in data:
-            export.write_csv(export.table_rows(data["compare"]), path)
-        elif "run" in data:
-            export.write_csv(export.run_rows(data["run"]), path)
-            export.write_csv(data["run"]["series"], export.series_path(path))
-        else:
-            export.write_csv([], path)
-        self._status(f"Saved statistics to {path}")
-        return path
 
     # ------------------------------------------------------------------ slots
     def _settings(self):
@@ -418,22 +329,7 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------------ persistence and lifetime
     def _restore(self) -> None:
-        saved = store.load_run_settings(self.store)
-        if saved is not None:
-            self.controls.set_settings(saved)
-        else:
-            from hfspec.presets import DEFAULT_PRESET
-
-            self.controls.choose_preset(DEFAULT_PRESET)
-        geometry = self.store.value("window/geometry")
-        if not (isinstance(geometry, QByteArray) and self.restoreGeometry(geometry)):
-            self.fit_to_screen()
-        for key, widget in (("sweep/gamma_from", self.sweep.gamma_from), ("sweep/gamma_to", self.sweep.gamma_to),
-                            ("sweep/repeats", self.sweep.repeats), ("compare/repeats", self.compare.repeats)):
-            widget.setValue(store.load_value(self.store, key, widget.value()))
-        self.sweep.drafts.setText(store.load_value(self.store, "sweep/drafts", self.sweep.drafts.text()))
-        self.compare.items.setPlainText(store.load_value(self.store, "compare/items",
-                                                         self.compare.items.toPlainText()))
+        store.restore_window(self)
 
     def fit_to_screen(self) -> None:
         """First launch: the default size, shrunk to the screen's available area, placed inside it."""
@@ -445,29 +341,15 @@ class MainWindow(QMainWindow):
                   available.y() + max(0, (available.height() - size.height() - FRAME_ROOM[1]) // 2))
 
     def save_state(self) -> None:
-        try:
-            store.save_run_settings(self.store, self.controls.settings())
-        except HfspecError:
-            pass
-        self.store.setValue("window/geometry", self.saveGeometry())
-        for key, value in (("sweep/drafts", self.sweep.drafts.text()), ("compare/items", self.compare.items.toPlainText()),
-                           ("sweep/gamma_from", self.sweep.gamma_from.value()),
-                           ("sweep/gamma_to", self.sweep.gamma_to.value()),
-                           ("sweep/repeats", self.sweep.repeats.value()),
-                           ("compare/repeats", self.compare.repeats.value())):
-            store.save_value(self.store, key, value)
-        self.store.sync()
+        store.save_window(self)
 
     def shutdown(self) -> None:
         """Save settings and end the worker thread (also done on close)."""
         self.save_state()
         self.controller.shutdown()
-        hints = QGuiApplication.styleHints()
-        if hasattr(hints, "colorSchemeChanged"):
-            try:
-                hints.colorSchemeChanged.disconnect(self._system_theme_changed)
-            except (RuntimeError, TypeError):  # already disconnected (shutdown runs again on close)
-                pass
+        if self._follows_theme:
+            QGuiApplication.styleHints().colorSchemeChanged.disconnect(self._system_theme_changed)
+            self._follows_theme = False
 
     def closeEvent(self, event):  # noqa: N802 - Qt's name
         self.shutdown()

@@ -53,16 +53,18 @@ def retheme_plot(widget: pg.PlotWidget) -> None:
 
 
 def spaced_ticks(labels: list[tuple[float, str]], width_px: int, char_px: int = 7) -> list[tuple[float, str]]:
-    """Every k-th tick so that labels never overlap in `width_px` pixels (each label at most that many
-    characters, shortened from the left with "…")."""
+    """Tick labels that never overlap in `width_px` pixels: each shortened from the left with "…" to its share
+    of the width, and only every k-th kept when even 4 characters would not fit."""
     if not labels:
         return []
-    room = max(24, width_px // len(labels))
-    longest = max(len(text) for _, text in labels) * char_px + 8
-    step = max(1, math.ceil(longest / room)) if longest > room else 1
-    keep = labels[::step]
-    chars = max(4, (room * step - 8) // char_px)
-    return [(x, text if len(text) <= chars else "…" + text[-(chars - 1):]) for x, text in keep]
+    min_chars = 4
+    step = 1
+    while (width_px * step // len(labels) - 8) // char_px < min(min_chars, max(len(t) for _, t in labels)):
+        step += 1
+        if step >= len(labels):
+            break
+    chars = max(min_chars, (width_px * step // len(labels) - 8) // char_px)
+    return [(x, text if len(text) <= chars else "…" + text[-(chars - 1):]) for x, text in labels[::step]]
 
 
 def clear_plot(widget: pg.PlotWidget) -> None:

@@ -52,3 +52,57 @@ def load_value(store: QSettings, key: str, default=None):
         return json.loads(str(text))
     except ValueError:
         return default
+
+
+# The window's inputs kept between sessions, beside the run settings: key -> (view, its input).
+INPUTS = (("sweep/gamma_from", "sweep", "gamma_from"), ("sweep/gamma_to", "sweep", "gamma_to"),
+          ("sweep/repeats", "sweep", "repeats"), ("compare/repeats", "compare", "repeats"),
+          ("sweep/drafts", "sweep", "drafts"), ("compare/items", "compare", "items"))
+
+
+def restore_window(window) -> None:
+    """Fill the window from its store: the run settings (else the default preset), geometry (else fitted to the
+    screen), the Sweep and Compare tabs' inputs."""
+    from PySide6.QtCore import QByteArray
+
+    saved = load_run_settings(window.store)
+    if saved is not None:
+        window.controls.set_settings(saved)
+    else:
+        from hfspec.presets import DEFAULT_PRESET
+
+        window.controls.choose_preset(DEFAULT_PRESET)
+    geometry = window.store.value("window/geometry")
+    if not (isinstance(geometry, QByteArray) and window.restoreGeometry(geometry)):
+        window.fit_to_screen()
+    for key, view, name in INPUTS:
+        widget = getattr(getattr(window, view), name)
+        _set(widget, load_value(window.store, key, _get(widget)))
+
+
+def save_window(window) -> None:
+    from hfspec.errors import HfspecError
+
+    try:
+        save_run_settings(window.store, window.controls.settings())
+    except HfspecError:
+        pass
+    window.store.setValue("window/geometry", window.saveGeometry())
+    for key, view, name in INPUTS:
+        save_value(window.store, key, _get(getattr(getattr(window, view), name)))
+    window.store.sync()
+
+
+def _get(widget):
+    for getter in ("value", "text", "toPlainText"):
+        if hasattr(widget, getter):
+            return getattr(widget, getter)()
+    raise TypeError(type(widget).__name__)
+
+
+def _set(widget, value) -> None:
+    for setter in ("setValue", "setPlainText", "setText"):
+        if hasattr(widget, setter):
+            getattr(widget, setter)(value)
+            return
+    raise TypeError(type(widget).__name__)

@@ -1,0 +1,104 @@
+"""The main window's file actions: open a saved run, export plots (PNG with their settings) and statistics
+(JSON, CSV). A mixin of MainWindow: it uses the window's views, controller and status bar."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from PySide6.QtWidgets import QFileDialog
+
+from gui import export
+from gui.figures import ShownRun, describe
+from gui.plots import export_png
+from hfspec.errors import HfspecError
+
+
+class FileActions:
+    def open_saved(self, path: str | None = None) -> bool:
+        """Show a run, sweep and compare saved by File → Export statistics (JSON) again."""
+        if path is None:
+            path, _ = QFileDialog.getOpenFileName(self, "Open a saved run", "", "JSON (*.json)")
+            if not path:
+                return False
+        try:
+            data = export.read_json(path)
+            shown = ShownRun.from_dict(data["run"], source=os.path.basename(path)) if "run" in data else None
+            sweep = self.sweep.rows_from(data["sweep"]) if "sweep" in data else None
+            compare = self.compare.rows_from(data["compare"]) if "compare" in data else None
+        except (HfspecError, KeyError, TypeError, ValueError) as exc:
+            self.show_error("Open failed", str(exc) if isinstance(exc, HfspecError)
+                            else f"open: {path}: not a dashboard export ({type(exc).__name__}: {exc})")
+            return False
+        if shown is not None:
+            self.live.clear(data["run"].get("prompt", ""), shown.settings)
+            self.live.finish(shown)
+            self.live.form_changed(self._form_settings())
+        if sweep is not None:
+            self.sweep.show_result(sweep)
+        if compare is not None:
+            self.compare_settings, self.compare_drafts = compare[1], data["compare"]["settings"].get("draft")
+            self.compare.show_rows(compare[0])
+        self.tabs.setCurrentWidget(self.live if shown else self.sweep if sweep else self.compare)
+        self._status(f"Opened {path}")
+        return True
+
+    def export_plots(self, folder: str | None = None) -> list[str]:
+        """Every plot of the current tab as PNG into `folder` (asked for when None), each with the settings
+        that produced it as a caption and as PNG text ("hfspec-settings"); returns the paths."""
+        if folder is None:
+            folder = QFileDialog.getExistingDirectory(self, "Export plots to folder")
+            if not folder:
+                return []
+        caption, settings = self._provenance()
+        paths = []
+        for name, plot in self.tabs.currentWidget().plots.items():
+            path = os.path.join(folder, f"hfspec-{name}.png")
+            export_png(plot, path, caption, {"hfspec-settings": json.dumps(settings, ensure_ascii=False),
+                                             "Description": caption, "Software": "hfspec dashboard"})
+            paths.append(path)
+        self._status(f"Saved {len(paths)} plot(s) to {folder}")
+        return paths
+
+    def _provenance(self) -> tuple[str, dict]:
+        """Caption and settings of the current tab's results."""
+        data = self.statistics()
+        key = {id(self.live): "run", id(self.sweep): "sweep", id(self.compare): "compare"}[id(self.tabs.currentWidget())]
+        settings = (data.get(key) or {}).get("settings") or {}
+        if key == "run" and self.live.shown_settings is not None:
+            return describe(self.live.shown_settings), settings
+        drafts = ", ".join(map(str, settings.get("draft") or []))
+        gamma = settings.get("gamma")
+        gammas = f"γ {gamma[0]}–{gamma[-1]}" if isinstance(gamma, list) and gamma else f"γ {gamma}"
+        target = os.path.basename(str(settings.get("target", "")).rstrip("/"))
+        return (f"{target} · drafts {drafts} · {gammas} · T {settings.get('temperature')} · seed "
+                f"{settings.get('seed')} · {settings.get('max_new_tokens')} tokens" if settings else ""), settings
+
+    def statistics(self) -> dict:
+        """The statistics on show (the last run, sweep and compare), with their settings; JSON-ready."""
+        return export.statistics(self.live.result, self.sweep.result, self.sweep.points, self.compare.rows,
+                                 self.compare_settings, self.compare_drafts, self.controller.worker.conditions)
+
+    def export_statistics(self, path: str | None = None) -> str | None:
+        """Write statistics as .json (everything; File → Open shows it again) or .csv (the current tab's table;
+        on the Live tab also the per-pass series as name-passes.csv)."""
+        if path is None:
+            path, _ = QFileDialog.getSaveFileName(self, "Export statistics", "hfspec-stats.json",
+                                                  "JSON (*.json);;CSV (*.csv)")
+            if not path:
+                return None
+        data = self.statistics()
+        if not path.lower().endswith(".csv"):
+            export.write_json(data, path)
+        elif self.tabs.currentWidget() is self.sweep and "sweep" in data:
+            export.write_csv(export.table_rows(data["sweep"]), path)
+        elif self.tabs.currentWidget() is self.compare and "compare" in data:
+            export.write_csv(export.table_rows(data["compare"]), path)
+        elif "run" in data:
+            export.write_csv(export.run_rows(data["run"]), path)
+            export.write_csv(data["run"]["series"], export.series_path(path))
+        else:
+            export.write_csv([], path)
+        self._status(f"Saved statistics to {path}")
+        return path
+
