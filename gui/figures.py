@@ -138,6 +138,16 @@ def gap(value) -> float:
     return math.nan if v is None else v
 
 
+def exactness_line(target) -> str:
+    """What "exact" means for this target (a model or its dtype) when it is not float32: one line from
+    hfspec.exactness; "" for float32 or where that module is absent."""
+    try:
+        from hfspec.exactness import exactness_note
+    except ImportError:  # hfspec.exactness comes with the exactness audit; until then nothing is shown
+        return ""
+    return exactness_note(target)
+
+
 def describe(settings) -> str:
     """A one-line description of the settings that produced a result."""
     if settings is None:

@@ -9,7 +9,7 @@ import os
 from PySide6.QtWidgets import QFileDialog
 
 from gui import export
-from gui.figures import ShownRun, describe
+from gui.figures import ShownRun, describe, exactness_line
 from gui.plots import export_png
 from hfspec.errors import HfspecError
 
@@ -33,6 +33,8 @@ class FileActions:
         if shown is not None:
             self.live.clear(data["run"].get("prompt", ""), shown.settings)
             self.live.finish(shown)
+            dtype = shown.settings.dtype
+            self.live.set_exactness(exactness_line(dtype) if dtype and dtype != "auto" else "")
             self.live.form_changed(self._form_settings())
         if sweep is not None:
             self.sweep.show_result(sweep)

@@ -80,6 +80,9 @@ class LiveView(QWidget):
         self.origin = QLabel()
         self.origin.setWordWrap(True)
         self.origin.setTextFormat(Qt.TextFormat.RichText)
+        self.exactness = QLabel()
+        self.exactness.setWordWrap(True)
+        self.exactness.hide()
         self.metrics = {key: Metric(caption, tip, template) for key, caption, tip, template in CARDS}
         self.cards = QWidget()
         flow = FlowLayout(self.cards)
@@ -142,6 +145,7 @@ class LiveView(QWidget):
         layout.setContentsMargins(4, 4, 4, 4)
         layout.setSpacing(4)
         layout.addWidget(self.origin)
+        layout.addWidget(self.exactness)
         layout.addWidget(self.cards)
         layout.addWidget(splitter, 1)
         self.result: ShownRun | None = None
@@ -209,8 +213,14 @@ class LiveView(QWidget):
     def is_dimmed(self) -> bool:
         return not self.cards.isEnabled()
 
+    def set_exactness(self, note: str) -> None:
+        """What "exact" means for the shown run's target when it is not float32 ("" hides the line)."""
+        self.exactness.setText(note)
+        self.exactness.setVisible(bool(note))
+
     def _show_origin(self) -> None:
         t = theme.current()
+        self.exactness.setStyleSheet(f"color:{t.muted};")
         if self.shown_settings is None:
             text = "No run yet: choose settings on the left and press Run (Ctrl+R or Enter)."
             style = f"color:{t.muted};"
@@ -244,6 +254,7 @@ class LiveView(QWidget):
         self._pending = ""
         self._changed = []
         self._dim(False)
+        self.set_exactness("")
         self.text.clear()
         if prompt:
             self._append_pieces([(prompt, "prompt")])

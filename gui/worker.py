@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 
-from gui.figures import Conditions
+from gui.figures import Conditions, exactness_line
 from hfspec.errors import HfspecError
 from hfspec.session import Cancelled, LiveBuffer, RunSettings, Session
 
@@ -55,6 +55,7 @@ class Worker(QObject):
         self.stop_event = stop
         self.settled = threading.Event()
         self.conditions: Conditions | None = None  # threads and load when the last job measured
+        self.exactness = ""  # what "exact" means for the last run's target (its dtype), "" for float32
 
     def _wait_for_display(self) -> None:
         """Called on this thread before the speed-up is timed: wait until the GUI has taken every snapshot and
@@ -66,6 +67,12 @@ class Worker(QObject):
         self.settle.emit()
         self.settled.wait(max(0.0, deadline - time.monotonic()))
         self.conditions = Conditions.now()
+
+    def _target(self, settings: RunSettings):
+        """The run's target model (already loaded: the session keeps it)."""
+        model, _ = self.session.load_target(settings.target, dtype=settings.dtype or None,
+                                            device=settings.device or None)
+        return model
 
     @Slot(object)
     def start(self, job: Job) -> None:
@@ -83,6 +90,7 @@ class Worker(QObject):
             if job.kind == "run":
                 out = self.session.run(job.settings, on_live=on_live, should_stop=should_stop,
                                        progress=self.status.emit, before_measure=self._wait_for_display)
+                self.exactness = exactness_line(self._target(job.settings))
             elif job.kind == "sweep":
                 out = self.session.sweep(job.settings, job.gammas, job.drafts or None, repeats=job.repeats,
                                          on_point=self.item.emit, should_stop=should_stop,

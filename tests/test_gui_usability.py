@@ -369,6 +369,19 @@ def test_the_dark_theme_follows_the_system(qtbot, window, monkeypatch):
     assert theme.current() is theme.LIGHT and QApplication.palette().window().color().lightness() > 150
 
 
+def test_a_bf16_target_says_what_exact_means(qtbot, window):
+    exactness = pytest.importorskip("hfspec.exactness")
+    window.controls.dtype.setCurrentIndex(window.controls.dtype.findData("bfloat16"))
+    window.controls.max_new_tokens.setValue(4)
+    _run(qtbot, window)
+    note = window.live.exactness
+    assert window.errors == [] and note.isVisible()
+    assert note.text() == exactness.exactness_note("bfloat16") != ""
+    window.controls.dtype.setCurrentIndex(window.controls.dtype.findData("float32"))
+    _run(qtbot, window)
+    assert not note.isVisible() and note.text() == ""
+
+
 def test_conditions_text():
     from gui.figures import Conditions
 
