@@ -132,6 +132,15 @@ def formula_tokens_per_pass(alpha: float | None, gammas: list[int]) -> float | N
     return sum(formula_for_gamma(alpha, int(g)) for g in gammas) / len(gammas)
 
 
+def mixed_speedup(alpha: float | None, gammas: list[int], c: float) -> float | None:
+    """The paper's speed-up for passes that each proposed their own γ: expected tokens over expected cost,
+    Σ (1 − α^(γ+1)) / (1 − α) over Σ (1 + γc) (for one fixed γ, Theorem 3.8's formula)."""
+    if alpha is None or not gammas:
+        return None
+    tokens = sum(formula_for_gamma(alpha, int(g)) for g in gammas)
+    return tokens / sum(1 + int(g) * c for g in gammas)
+
+
 def gap(value) -> float:
     """A plotted value: NaN (a gap in a line drawn with connect="finite") where there is nothing to plot."""
     v = number(value)

@@ -29,6 +29,7 @@ from gui.figures import (
     describe,
     formula_tokens_per_pass,
     gap,
+    mixed_speedup,
     number,
 )
 from gui.plots import PALETTE, fmt, make_plot, retheme_plot, spaced_ticks, unit_line
@@ -351,7 +352,7 @@ class LiveView(QWidget):
         self.metrics["passes"].set_value(str(s.target_passes))
         self.metrics["rate"].set_value(fmt(number(s.tokens_per_second), 1))
         self.metrics["ended"].set_value(shown.stop_reason or "—")
-        ideal = number(s.ideal_speedup) if s.checked else None
+        ideal = number(mixed_speedup(alpha, list(s.gamma_per_round), s.c_bytes))
         self.metrics["ideal"].set_value(f"{ideal:.2f}× · c {s.c_bytes:.3f}" if ideal else "—")
         self.metrics["c_time"].set_value(fmt(m.c_time, 3) if m else "—")
         self.metrics["est"].set_value(fmt(m.estimate, 2, "×") if m else "—")

@@ -154,6 +154,8 @@ def test_auto_gamma_formula_uses_the_gamma_of_each_pass(qtbot, window):
     s = window.live.result.stats
     per_pass = sum(expected_tokens_per_pass(s.alpha, g) for g in s.gamma_per_round) / len(s.gamma_per_round)
     assert window.live.metrics["expected"].value_text == f"{per_pass:.2f}"
+    cost = sum(1 + g * s.c_bytes for g in s.gamma_per_round) / len(s.gamma_per_round)
+    assert window.live.metrics["ideal"].value_text.startswith(f"{per_pass / cost:.2f}×")
     assert list(window.live.gamma_curve.yData) == s.gamma_per_round
 
 
