@@ -47,10 +47,12 @@ class Measured:
     rough: bool = False
     conditions: Conditions | None = None
     stats: SpecStats | None = None
+    estimated: float | None = None  # the measurement's own estimate (the cost model fitted to its timed pairs)
 
     @property
     def estimate(self) -> float | None:
-        return estimate_of(self.stats)
+        """The estimated speed-up of the timed runs: the measurement's own, else its statistics'."""
+        return self.estimated if self.estimated is not None else estimate_of(self.stats)
 
     @property
     def c_time(self) -> float | None:
@@ -77,6 +79,7 @@ def measured_of(result, fallback: Conditions | None = None) -> Measured | None:
         rough=bool(rough) if rough is not None else (pairs is not None and pairs < ROUGH_BELOW_PAIRS),
         conditions=conditions,
         stats=_first(m, "stats", "speculative_stats") or pooled(getattr(m, "speculative_runs", None)),
+        estimated=number(getattr(m, "estimated_speedup", None)),
     )
 
 
@@ -214,7 +217,7 @@ def measured_to_dict(m: Measured | None) -> dict | None:
     c = m.conditions or Conditions()
     return {"measured_speedup": m.speedup, "speculative_tokens_per_second": m.speculative_tps,
             "plain_tokens_per_second": m.plain_tps, "plain_new_tokens": m.plain_tokens, "pairs": m.pairs,
-            "rough": m.rough, "threads": c.threads, "load_avg": c.load_avg,
+            "rough": m.rough, "threads": c.threads, "load_avg": c.load_avg, "estimated_speedup": m.estimate,
             "stats": m.stats.to_dict() if m.stats is not None else None}
 
 
@@ -225,7 +228,7 @@ def measured_from_dict(d: dict | None) -> Measured | None:
                     plain_tps=number(d.get("plain_tokens_per_second")), plain_tokens=d.get("plain_new_tokens"),
                     pairs=d.get("pairs"), rough=bool(d.get("rough")),
                     conditions=Conditions(d.get("threads"), d.get("load_avg")) if d.get("threads") is not None else None,
-                    stats=stats_from_dict(d.get("stats")))
+                    stats=stats_from_dict(d.get("stats")), estimated=number(d.get("estimated_speedup")))
 
 
 @dataclass
