@@ -43,7 +43,7 @@ COLUMNS = [  # key, header, tooltip
     ("alpha", "α", "acceptance rate, pooled (± 1 s.d. over repeats)"),
     ("tokens_per_pass", "tokens/pass", "tokens per target pass, pooled (± 1 s.d.)"),
     ("c_time", "c (time)", "mean draft forward time / mean target forward time, measured"),
-    ("estimated_speedup", "est. ×", "estimated speed-up with the measured c (time) (± 1 s.d.)"),
+    ("estimated_speedup", "est. ×", "estimated speed-up of the timed runs (± 1 s.d.); — where none exists"),
     ("ideal_speedup", "ideal ×", "weight-bound ideal: the estimate with c = draft bytes / target bytes"),
     ("measured_speedup", "measured ×", "tokens/s over plain decoding of the same length, measured beside each "
      "run (± 1 s.d.)"),
@@ -160,8 +160,8 @@ class CompareView(QWidget):
         if key == "measured_with":
             with_ = row_conditions(row, self.conditions)
             return with_.text() if with_ else "—"
-        if key in ("c_time", "estimated_speedup") and not number(row.c_time):
-            return "—"  # no draft forward was timed (e.g. prompt lookup runs no model)
+        if key in ("c_time", "estimated_speedup") and not number(getattr(row, key)):
+            return "—"  # none exists (e.g. prompt lookup times no draft forward): not 0
         if key == "measured_speedup" and row_is_rough(row):
             return fmt_sd(row.measured_speedup, row.measured_speedup_sd, 2, "×") + " rough"
         if key in SD:
@@ -220,6 +220,4 @@ class CompareView(QWidget):
 
     @staticmethod
     def _value(row, key: str) -> float | None:
-        if key == "estimated_speedup" and not number(row.c_time):
-            return None  # no estimate without a timed draft forward: no bar, not a bar at 0
-        return number(getattr(row, key))
+        return number(getattr(row, key))  # None where there is no figure: no bar, not a bar at 0

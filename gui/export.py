@@ -13,7 +13,6 @@ from hfspec.report import write_csv  # noqa: F401 - the one CSV writer, re-expor
 
 SETTING_COLUMNS = ("target", "draft", "gamma", "prompt", "seed", "temperature", "top_k", "top_p",
                    "max_new_tokens", "chat", "device", "dtype")
-ESTIMATES = ("estimated_speedup", "estimated_speedup_sd", "c_time")
 
 
 def statistics(shown_run, sweep_result, sweep_points, compare_rows, compare_settings, compare_drafts=None,
@@ -39,12 +38,14 @@ def statistics(shown_run, sweep_result, sweep_points, compare_rows, compare_sett
 
 
 def row_dict(row, conditions=None) -> dict:
-    """A sweep / compare row with the conditions it was measured under; no estimate where none exists (a
-    draft with no timed forward, e.g. prompt lookup): empty, never 0."""
+    """A sweep / compare row with the conditions it was measured under; no estimate and no c (time) where none
+    exists (e.g. prompt lookup times no draft forward): empty, never 0."""
     out = asdict(row)
-    if not number(out.get("c_time")):
-        for key in ESTIMATES:
+    for key in ("c_time", "estimated_speedup"):
+        if not number(out.get(key)):
             out[key] = None
+    if out.get("estimated_speedup") is None:
+        out["estimated_speedup_sd"] = None
     measured_with = row_conditions(row, conditions)
     out.setdefault("pairs", row_pairs(row))
     out.setdefault("rough", row_is_rough(row))

@@ -22,6 +22,14 @@ models on a GPU). Small models on a CPU are not weight-bound, so there c (time) 
 <dt><b>Formula</b></dt><dd>Expected tokens per target pass (1 − α<sup>γ+1</sup>) / (1 − α) (Eq. 1);
 estimated speed-up (1 − α<sup>γ+1</sup>) / ((1 − α)(1 + γc)) (Theorem 3.8), shown with c (time); the
 <b>weight-bound ideal</b> is the same with c (bytes).</dd>
+<dt><b>Estimated speed-up</b></dt><dd>Predicted from the runs timed after the run you watched (without the live
+display, which slows what it watches), never from that run; "—" where no estimate exists.</dd>
+<dt><b>Rough</b></dt><dd>A measured speed-up from fewer than 3 timed (speculative, plain) pairs: one pair on a
+busy machine can be off by tens of percent.</dd>
+<dt><b>Measured with</b></dt><dd>torch's CPU threads and the machine's 1-minute load average while measuring.
+The dashboard uses the same threads as <code>hfspec run</code>, so the same settings measure the same.</dd>
+<dt><b>Live (with display)</b></dt><dd>The tokens/s of the run you watched, drawing included; the measured rates
+come from the timed runs.</dd>
 <dt><b>Measured speed-up</b></dt><dd>Tokens/s of the run over tokens/s of plain decoding of exactly as many
 tokens, same prompt, seed and sampling, measured right after the run (never cached). Sweep and Compare repeat
 every point with seeded runs, each beside its own baseline, and show ± 1 standard deviation.</dd>
