@@ -1,4 +1,4 @@
-"""`hfspec` command line: run, sweep, compare, bench, presets, gui."""
+"""`hfspec` command line: run, sweep, compare, bench, presets, gui, export-hub, export-draft."""
 
 from __future__ import annotations
 
@@ -83,6 +83,21 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--gamma", type=int)
     bench.add_argument("--repeats", type=int, default=3)
     bench.add_argument("--json", action="store_true")
+
+    hub = sub.add_parser("export-hub", help="write a transformers custom_generate folder that runs hfspec")
+    hub.add_argument("out", metavar="OUT", help="folder to write (new or empty)")
+    hub.add_argument("--draft", default="rtn4", help=f"the folder's default draft: {_draft_specs()}")
+    hub.add_argument("--gamma", type=_gamma, default=4, help="the folder's default gamma (1..64 or auto)")
+    hub.add_argument("--overwrite", action="store_true", help="replace OUT if it is not empty")
+
+    export = sub.add_parser("export-draft", help="save an RTN draft as a compressed-tensors checkpoint for serving")
+    export.add_argument("out", metavar="OUT", help="folder to write (new or empty)")
+    export.add_argument("--target", required=True, help="target: model folder or hub id")
+    export.add_argument("--draft", default="rtn4", help="rtn4 or rtn8, optionally -g32/-g64/-g128 (default rtn4)")
+    export.add_argument("--gamma", type=int, help="num_speculative_tokens of the printed command (default 4)")
+    export.add_argument("--dtype", help="float32 | bfloat16 | float16 | auto (default float32)")
+    export.add_argument("--overwrite", action="store_true", help="replace OUT if it is not empty")
+    export.add_argument("--no-check", action="store_true", help="skip loading OUT back to compare logits")
 
     sub.add_parser("presets", help="list the presets")
     gui = sub.add_parser("gui", help="open the dashboard")
@@ -276,8 +291,24 @@ def cmd_gui(args) -> int:
                     + (["--settings", args.settings] if args.settings else []))
 
 
+def cmd_export_hub(args) -> int:
+    from hfspec.hub_export import export_hub
+
+    folder = export_hub(args.out, draft=args.draft, gamma=args.gamma, overwrite=args.overwrite)
+    print(f"wrote {folder}; use it with: model.generate(ids, custom_generate={str(folder)!r}, "
+          f"trust_remote_code=True, draft={args.draft!r}, gamma={args.gamma!r}, max_new_tokens=...)")
+    return 0
+
+
+def cmd_export_draft(args) -> int:
+    from hfspec.export_draft import export_draft_cli
+
+    return export_draft_cli(args.target, args.draft, args.out, gamma=args.gamma, dtype=args.dtype,
+                            overwrite=args.overwrite, check=not args.no_check, say=_say)
+
+
 COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "compare": cmd_compare, "bench": cmd_bench,
-            "presets": cmd_presets, "gui": cmd_gui}
+            "presets": cmd_presets, "gui": cmd_gui, "export-hub": cmd_export_hub, "export-draft": cmd_export_draft}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,456 @@
+"""Save an RTN draft as a standard quantised checkpoint (compressed-tensors), for transformers and serving engines.
+
+    result = export_draft(target, "rtn4", "out/", tokenizer=tok, gamma=4)
+    print(result.serve_command(target_name))
+
+The folder is a compressed-tensors checkpoint (format "pack-quantized": int4 or int8 weights packed into int32,
+one scale and one integer zero point per group of `group_size` inputs, activations left in float: "W4A16" /
+"W8A16"). transformers reads it with `from_pretrained` (the `compressed-tensors` package, `pip install
+'hfspec[export]'`; on the CPU the weights are decompressed to dense float at load time) and vLLM serves it as a
+draft model (`--speculative-config '{"method": "draft_model", ...}'`).
+
+How close it is to hfspec's in-memory draft. hfspec's RTN (`hfspec.quant.groupwise`) keeps a float zero per
+group (w ≈ q·scale + zero, zero = the group's minimum); compressed-tensors stores an integer zero point
+(w ≈ (q − zp)·scale), which a float zero cannot be written as. The export keeps hfspec's per-group scale and
+rounds the zero to the nearest code, then rounds every weight again on that grid: each weight stays within half
+a step of the float weight, the bound hfspec's own RTN has, but a weight may land on the neighbouring code of
+hfspec's. Where 0 lies more than half a step outside a group's range (a group of weights all of one sign) the
+integer grid must reach 0, so that group's step widens to cover [min(w, 0), max(w, 0)]; the export counts them.
+The embedding and the LM head are written dense with hfspec's RTN values (the engines quantise Linear layers of
+the decoder; the head stays dense as in most int4 checkpoints), so a tied pair stays tied.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from hfspec.errors import HfspecError
+
+EXPORT_BITS = (4, 8)  # the weight widths of compressed-tensors' W4A16 / W8A16 schemes that vLLM serves
+EXPORT_GROUP_SIZES = (32, 64, 128)  # group sizes vLLM's grouped int4 / int8 kernels take
+FORMAT = "pack-quantized"
+DEFAULT_GAMMA = 4
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
+                    "vocab.json", "merges.txt", "chat_template.jinja", "added_tokens.json")
+
+
+@dataclass
+class DraftExport:
+    """What `export_draft` wrote and how close it is to hfspec's in-memory draft."""
+
+    folder: Path
+    spec: str                      # canonical spec of the draft, e.g. "rtn4-g32"
+    bits: int
+    group_size: int
+    gamma: int
+    gamma_source: str              # where γ came from ("--gamma", "hfspec's default: ...")
+    packed_layers: list[str] = field(default_factory=list)
+    dense_layers: list[str] = field(default_factory=list)
+    groups: int = 0
+    widened_groups: int = 0        # groups whose step had to widen to put 0 on the integer grid
+    max_error_steps: float = 0.0   # max |exported w - float w| / step over all packed weights (≤ 0.5)
+    check: dict | None = None      # load-back check by transformers (`check_export`)
+
+    @property
+    def scheme(self) -> str:
+        return "symmetric" if symmetric_for(self.bits) else "asymmetric, integer zero points"
+
+    def speculative_config(self) -> dict:
+        return {"method": "draft_model", "model": str(self.folder), "num_speculative_tokens": int(self.gamma)}
+
+    def serve_command(self, target: str) -> str:
+        """The vLLM command line serving `target` with this draft."""
+        config = json.dumps(self.speculative_config())
+        return f"vllm serve {_shell_quote(target)} --speculative-config {_shell_quote(config)}"
+
+    def summary(self) -> list[str]:
+        lines = [f"wrote {self.folder}: compressed-tensors {FORMAT}, W{self.bits}A16, group size {self.group_size}, "
+                 f"{self.scheme}; {len(self.packed_layers)} Linear layers packed, dense: "
+                 f"{', '.join(self.dense_layers) or 'none'}",
+                 f"rounding: every packed weight within {self.max_error_steps:.3f} step of the float weight "
+                 f"(hfspec's RTN: 0.5); {self.widened_groups} of {self.groups} groups widened to reach 0"]
+        if self.check is not None:
+            c = self.check
+            lines.append(f"checked: transformers loads it; logits vs hfspec's in-memory {self.spec}: max |Δ| "
+                         f"{c['max_abs_diff']:.4g} (their distance to the target: {c['draft_vs_target']:.4g}, "
+                         f"export's: {c['export_vs_target']:.4g}); top-1 agreement {c['top1_agreement']:.1%}")
+        return lines
+
+
+def check_exportable(spec):
+    """The parsed RTN spec, or HfspecError naming the draft field and what can be exported."""
+    from hfspec.drafts.registry import parse
+
+    allowed = (f"rtn{'/rtn'.join(map(str, EXPORT_BITS))} with -g{'/-g'.join(map(str, EXPORT_GROUP_SIZES))} "
+               "(e.g. rtn4, rtn4-g64, rtn8)")
+    parsed = parse(spec)
+    if parsed.kind == "rtn":
+        if parsed.bits not in EXPORT_BITS:
+            raise HfspecError(f"draft: {parsed.label} cannot be exported: compressed-tensors checkpoints that "
+                              f"engines serve hold {' or '.join(map(str, EXPORT_BITS))}-bit weights; allowed: {allowed}")
+        if parsed.group_size not in EXPORT_GROUP_SIZES:
+            raise HfspecError(f"draft: group size {parsed.group_size} cannot be exported; allowed: {allowed}")
+        return parsed
+    why = {
+        "bnb": "a bitsandbytes draft is bitsandbytes' own format (save it with save_pretrained of a model loaded "
+               "with BitsAndBytesConfig); export an RTN draft instead",
+        "lookup": "prompt lookup has no weights (vLLM does it itself: --speculative-config "
+                  "'{\"method\": \"ngram\", ...}')",
+        "sibling": f"a sibling is already a checkpoint: serve {parsed.source} as the draft model directly",
+        "model": "a draft model object: save it with save_pretrained",
+    }.get(parsed.kind, f"{parsed.kind} drafts have no checkpoint format")
+    raise HfspecError(f"draft: {spec if isinstance(spec, str) else parsed.label} cannot be exported: {why}; "
+                      f"allowed: {allowed}")
+
+
+def check_out_folder(out, overwrite: bool = False) -> Path:
+    """The output folder: new, empty, or (with overwrite) replaced; HfspecError naming OUT otherwise."""
+    folder = Path(out).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise HfspecError(f"OUT: {str(folder)!r} is a file; allowed: a new or empty folder (or --overwrite)")
+    if folder.is_dir() and any(folder.iterdir()) and not overwrite:
+        raise HfspecError(f"OUT: {str(folder)!r} is not empty; allowed: a new or empty folder (or --overwrite)")
+    parent = folder.parent if not folder.exists() else folder
+    while not parent.exists():
+        parent = parent.parent
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise HfspecError(f"OUT: {str(folder)!r} is not writable; allowed: a folder you can write")
+    return folder
+
+
+def export_draft(target: nn.Module, spec, out, *, tokenizer=None, gamma: int | None = None, overwrite: bool = False,
+                 check: bool = True, progress=None) -> DraftExport:
+    """Write the RTN draft `spec` of `target` to `out` as a compressed-tensors checkpoint (plus `tokenizer`).
+
+    gamma: the γ the serving command line proposes (None: hfspec's default, said so in `gamma_source`).
+    check: load the folder back with transformers and compare its logits with hfspec's in-memory draft.
+    """
+    from safetensors.torch import save_file
+
+    from hfspec import validate
+
+    parsed = check_exportable(spec)
+    if gamma is not None:
+        validate.check_gamma(gamma)
+        if gamma == "auto":
+            raise validate.bad_value("gamma", gamma, f"an integer from 1 to {validate.GAMMA_MAX} (engines take a fixed γ)")
+    folder = check_out_folder(out, overwrite)
+    bits, group = parsed.bits, parsed.group_size
+    linears, dense = _layers(target, group)
+    say = progress or (lambda _message: None)
+
+    result = DraftExport(folder=folder, spec=f"rtn{bits}-g{group}", bits=bits, group_size=group,
+                         gamma=int(gamma) if gamma is not None else DEFAULT_GAMMA,
+                         gamma_source="--gamma" if gamma is not None else
+                         f"hfspec's default ({DEFAULT_GAMMA}); `hfspec sweep` finds your pair's best γ")
+    tensors: dict[str, torch.Tensor] = {}
+    dtype = _float_dtype(target)
+    say(f"packing {len(linears)} Linear layers at {bits} bits, groups of {group}…")
+    with torch.no_grad():
+        for name, module in linears:
+            packed = pack_linear(module.weight, bits, group, dtype)
+            tensors.update({f"{name}.{key}": value for key, value in packed.tensors.items()})
+            if module.bias is not None:
+                tensors[f"{name}.bias"] = module.bias.detach().to(dtype).contiguous()
+            result.groups += packed.groups
+            result.widened_groups += packed.widened
+            result.max_error_steps = max(result.max_error_steps, packed.max_error_steps)
+            result.packed_layers.append(name)
+        done = {id(m.weight) for _, m in linears}
+        written_weights: dict[int, str] = {}
+        for key, value in target.state_dict(keep_vars=True).items():
+            module_name, _, leaf = key.rpartition(".")
+            if id(value) in done or any(key == f"{n}.bias" for n, _ in linears):
+                continue
+            if any(module_name == n for n, _ in dense) and leaf == "weight":
+                if id(value) in written_weights:  # tied (embedding and LM head): the checkpoint holds it once
+                    continue
+                written_weights[id(value)] = key
+                tensors[key] = rtn_dense(value.detach(), bits, group).to(dtype).contiguous()
+                result.dense_layers.append(module_name)
+                continue
+            if id(value) in written_weights:
+                continue
+            written_weights[id(value)] = key
+            tensors[key] = value.detach().contiguous().clone() if value.is_floating_point() else value.detach()
+    if folder.exists() and overwrite:
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    say(f"writing {folder}…")
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config = copy.deepcopy(target.config)
+    config.quantization_config = quantization_config(bits, group, ignore=_ignored(target, dense))
+    config.dtype = dtype
+    config.save_pretrained(folder)
+    generation = getattr(target, "generation_config", None)
+    if generation is not None:
+        generation.save_pretrained(folder)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+    (folder / "README.md").write_text(_card(result, target))
+    if check:
+        say("loading it back with transformers to compare logits…")
+        result.check = check_export(target, folder, result.spec)
+    return result
+
+
+@dataclass
+class PackedLinear:
+    tensors: dict
+    groups: int
+    widened: int
+    max_error_steps: float
+
+
+def symmetric_for(bits: int) -> bool:
+    """Whether `bits`-wide weights are exported symmetric (no zero point).
+
+    4 bits: asymmetric, as hfspec's RTN (vLLM runs int4 with zero points). 8 bits: symmetric, the int8 form the
+    engines' W8A16 kernels take; at 8 bits the step is fine enough that centring costs little."""
+    return bits == 8
+
+
+def pack_linear(weight: torch.Tensor, bits: int, group_size: int, dtype: torch.dtype) -> PackedLinear:
+    """One Linear weight [N, K] in compressed-tensors' pack-quantized layout.
+
+    Returns weight_packed (int32), weight_scale [N, G] in `dtype`, weight_zero_point (int32, packed along N; only
+    when asymmetric) and weight_shape, such that compressed-tensors' dequantisation (c − zp)·scale gives weights
+    within half a step of `weight`. Asymmetric: the step is hfspec's scale (rounded up to `dtype`), the zero
+    point hfspec's zero rounded to a code. Symmetric: step max|w| / (2^(bits−1) − 1), rounded up."""
+    from hfspec.quant import groupwise
+
+    rows, cols = weight.shape
+    if cols % group_size:
+        raise HfspecError(f"draft: in_features {cols} is not a multiple of group size {group_size}; allowed: a "
+                          f"group size dividing every Linear layer's input width")
+    half = 2 ** (bits - 1)
+    w = weight.detach().float().reshape(rows, cols // group_size, group_size)
+    if symmetric_for(bits):
+        scale = _round_up(w.abs().amax(dim=-1) / (half - 1), dtype)
+        zp = torch.full_like(scale, float(half))
+        wide = torch.zeros_like(scale, dtype=torch.bool)
+    else:
+        top = 2**bits - 1
+        scale16, zero16 = groupwise.group_qparams(weight.detach(), bits, group_size)
+        scale, zero = scale16.float(), zero16.float()
+        lo = w.amin(dim=-1).clamp(max=0)
+        hi = w.amax(dim=-1).clamp(min=0)
+        # 0 must sit on an integer code: where hfspec's grid misses it by more than half a step, the step widens
+        # to cover [min(w, 0), max(w, 0)]
+        wide = (zero > 0.5 * scale) | (-zero > (top + 0.5) * scale)
+        scale = _round_up(torch.where(wide, (hi - lo) / top, scale), dtype)
+        zero = torch.where(wide, lo, zero)
+        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+        zp = (-zero / safe).round().clamp(0, top)
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    codes = ((w / safe[..., None]).round() + zp[..., None]).clamp(0, 2**bits - 1)
+    restored = (codes - zp[..., None]) * scale[..., None]
+    error = float(((restored - w).abs() / safe[..., None]).amax()) if w.numel() else 0.0
+    tensors = {"weight_packed": pack_to_int32((codes.reshape(rows, cols) - half).to(torch.int8), bits),
+               "weight_scale": scale.to(dtype).contiguous(),
+               "weight_shape": torch.tensor([rows, cols], dtype=torch.int64)}
+    if not symmetric_for(bits):
+        tensors["weight_zero_point"] = pack_to_int32((zp - half).to(torch.int8), bits, packed_dim=0)
+    return PackedLinear(tensors, int(scale.numel()), int(wide.sum()), error)
+
+
+def pack_to_int32(values: torch.Tensor, bits: int, packed_dim: int = 1) -> torch.Tensor:
+    """compressed-tensors' packing of signed `bits`-wide values [R, C] (4 or 8 bits): each stored as value +
+    2^(bits-1), 32/bits of them per int32 word along `packed_dim`, the first in the lowest bits."""
+    if bits not in EXPORT_BITS:
+        raise ValueError(f"bits: got {bits}; allowed: {EXPORT_BITS}")
+    u = values.to(torch.int64) + 2 ** (bits - 1)
+    if packed_dim == 0:
+        u = u.t()
+    rows, cols = u.shape
+    per = 32 // bits
+    pad = -cols % per
+    if pad:
+        u = torch.cat([u, u.new_zeros(rows, pad)], dim=1)
+    shifts = torch.arange(per, dtype=torch.int64) * bits
+    words = (u.view(rows, -1, per) << shifts).sum(dim=-1)
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    return (words.t() if packed_dim == 0 else words).contiguous()
+
+
+def rtn_dense(weight: torch.Tensor, bits: int, group_size: int) -> torch.Tensor:
+    """hfspec's RTN values of a weight (codes, fp16 scale and zero), dequantised: what its draft computes with."""
+    from hfspec.quant import groupwise
+
+    q, scale, zero = groupwise.group_quantize(weight.float(), bits, group_size)
+    return groupwise.group_dequantize(q, scale, zero, group_size, torch.float32)
+
+
+def quantization_config(bits: int, group_size: int, ignore: list[str]) -> dict:
+    """The `quantization_config` of config.json for W{bits}A16 group-wise int weights."""
+    from importlib.metadata import version
+
+    weights = {"num_bits": bits, "type": "int", "symmetric": symmetric_for(bits), "strategy": "group", "group_size": group_size,
+               "dynamic": False, "actorder": None, "block_structure": None, "observer": "minmax",
+               "observer_kwargs": {}}
+    config = {
+        "quant_method": "compressed-tensors",
+        "format": FORMAT,
+        "quantization_status": "compressed",
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None,
+                                      "output_activations": None, "format": FORMAT}},
+        "ignore": ignore,
+        "kv_cache_scheme": None,
+        "version": version("compressed-tensors"),
+    }
+    if not symmetric_for(bits):
+        # A transformers loading attribute: decompress while loading. Its other path (build the layers
+        # compressed, decompress at the first forward) makes the zero points unpacked [N, G] with
+        # compressed-tensors 0.20 and then refuses the packed ones every asymmetric checkpoint holds.
+        # Engines read the scheme and ignore this key; on the CPU transformers ends up dense either way.
+        config["dequantize"] = True
+    return config
+
+
+def check_export(target: nn.Module, folder, spec: str, tokens: int = 24, seed: int = 0) -> dict:
+    """Load `folder` with transformers (CPU) and compare its logits with hfspec's in-memory RTN draft of
+    `target` (the Hugging Face forward over dequantised weights, fp32) on random token ids."""
+    from hfspec.drafts import make_draft
+    from hfspec.validate import vocab_size
+
+    loaded = load_export(folder)
+    draft = make_draft(target, spec, lean=False, fused=False)
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab_size(target), (1, tokens), generator=generator)
+    with torch.no_grad():
+        want = draft(ids).logits.float()
+        got = loaded(ids).logits.float()
+        ref = target(ids).logits.float()
+    return {
+        "max_abs_diff": float((got - want).abs().max()),
+        "mean_abs_diff": float((got - want).abs().mean()),
+        "draft_vs_target": float((want - ref).abs().mean()),
+        "export_vs_target": float((got - ref).abs().mean()),
+        "top1_agreement": float((got.argmax(-1) == want.argmax(-1)).float().mean()),
+        "positions": tokens,
+    }
+
+
+def load_export(folder, dtype=None) -> nn.Module:
+    """Load an exported draft with transformers (needs compressed-tensors); HfspecError naming the extra."""
+    try:
+        import compressed_tensors  # noqa: F401
+    except ImportError as error:
+        raise HfspecError("export: reading a compressed-tensors checkpoint needs the compressed-tensors package; "
+                          "allowed: pip install 'hfspec[export]'") from error
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {"dtype": dtype} if dtype is not None else {}
+    return AutoModelForCausalLM.from_pretrained(str(folder), **kwargs).eval()
+
+
+def _layers(target: nn.Module, group_size: int) -> tuple[list, list]:
+    """(name, module) of the Linear layers to pack and of the layers written dense (embeddings, LM head);
+    HfspecError for a weight layer the format cannot hold."""
+    from hfspec.quant.known_layers import Conv1D
+
+    head = target.get_output_embeddings()
+    linears, dense = [], []
+    for name, module in target.named_modules():
+        if module is head or isinstance(module, nn.Embedding):
+            dense.append((name, module))
+        elif isinstance(module, Conv1D):
+            raise HfspecError(f"draft: layer {name!r} is a GPT-2 style Conv1D, which compressed-tensors checkpoints "
+                              "do not hold; allowed: models whose layers are nn.Linear (Llama, Qwen, Gemma, ...)")
+        elif isinstance(module, nn.Linear):
+            if type(module).forward is not nn.Linear.forward:
+                raise HfspecError(f"draft: layer {name!r} ({type(module).__name__}) is not a plain nn.Linear; "
+                                  "allowed: models whose Linear layers are plain nn.Linear")
+            if module.in_features % group_size:
+                raise HfspecError(f"draft: layer {name!r} has {module.in_features} inputs, not a multiple of group "
+                                  f"size {group_size}; allowed: a group size from {EXPORT_GROUP_SIZES} dividing it")
+            linears.append((name, module))
+    if not linears:
+        raise HfspecError(f"draft: {type(target).__name__} has no nn.Linear layers to pack; allowed: a decoder "
+                          "with Linear projections")
+    return linears, dense
+
+
+def _ignored(target: nn.Module, dense: list) -> list[str]:
+    """Modules compressed-tensors must leave alone: the LM head (written dense)."""
+    head = target.get_output_embeddings()
+    return [name for name, module in dense if module is head and isinstance(module, nn.Linear)]
+
+
+def _float_dtype(model: nn.Module) -> torch.dtype:
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return torch.float32
+
+
+def _round_up(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x (fp32) rounded up to the nearest value of `dtype`, returned as fp32 (a step never shrinks)."""
+    y = x.to(dtype)
+    low = y.float() < x
+    return torch.where(low, torch.nextafter(y, torch.full_like(y, math.inf)), y).float()
+
+
+def _shell_quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
+
+
+def _card(result: DraftExport, target: nn.Module) -> str:
+    name = getattr(target.config, "_name_or_path", "") or type(target).__name__
+    return f"""---
+library_name: transformers
+tags: [compressed-tensors, speculative-decoding, draft-model]
+---
+# {result.spec} draft of {name}
+
+A round-to-nearest {result.bits}-bit copy of `{name}` in groups of {result.group_size} (no calibration), written by
+`hfspec export-draft` as a compressed-tensors `{FORMAT}` checkpoint (W{result.bits}A16, {result.scheme}). The embedding and LM head are dense, holding the same RTN values. Use it as the draft model of `{name}`:
+
+```bash
+{result.serve_command(name)}
+```
+
+```python
+from transformers import AutoModelForCausalLM
+draft = AutoModelForCausalLM.from_pretrained("{result.folder}")  # needs: pip install compressed-tensors
+```
+
+γ = {result.gamma}: {result.gamma_source}.
+"""
+
+
+def export_draft_cli(target: str, spec: str, out, *, gamma: int | None = None, dtype=None, overwrite: bool = False,
+                     check: bool = True, say=print) -> int:
+    """`hfspec export-draft`: checks the spec, γ and OUT before loading, exports, prints the serving command."""
+    from hfspec import validate
+    from hfspec.loading import load_model, load_tokenizer
+
+    check_exportable(spec)
+    if gamma is not None:
+        validate.check_gamma(gamma)
+    check_out_folder(out, overwrite)
+    model = load_model(target, dtype=dtype, progress=say, role="target")
+    try:
+        tokenizer = load_tokenizer(target, role="target")
+    except HfspecError as error:
+        say(f"note: no tokenizer written ({error})")
+        tokenizer = None
+    result = export_draft(model, spec, out, tokenizer=tokenizer, gamma=gamma, overwrite=overwrite, check=check,
+                          progress=say)
+    for line in result.summary():
+        say(line)
+    say(f"γ {result.gamma}: {result.gamma_source}")
+    say("serve the target with this draft (vLLM):")
+    print(result.serve_command(target))
+    return 0
