@@ -2,7 +2,7 @@
 # Set up a virtual environment (CPU torch) and run the test suite. Used by README and CI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. scripts/venv.sh "gui,bnb,gguf,plot,test"
+. scripts/venv.sh "gui,bnb,gguf,plot,export,test"
 ruff check .
 export QT_QPA_PLATFORM=offscreen HF_HUB_OFFLINE=1
 python -m pytest -q -p no:cacheprovider "$@"
