@@ -166,12 +166,14 @@ def export_draft(target: nn.Module, spec, out, *, tokenizer=None, gamma: int | N
             result.max_error_steps = max(result.max_error_steps, packed.max_error_steps)
             result.packed_layers.append(name)
         done = {id(m.weight) for _, m in linears}
+        biases = {f"{n}.bias" for n, _ in linears}
+        dense_names = {n for n, _ in dense}
         written_weights: dict[int, str] = {}
         for key, value in target.state_dict(keep_vars=True).items():
             module_name, _, leaf = key.rpartition(".")
-            if id(value) in done or any(key == f"{n}.bias" for n, _ in linears):
+            if id(value) in done or key in biases:
                 continue
-            if any(module_name == n for n, _ in dense) and leaf == "weight":
+            if module_name in dense_names and leaf == "weight":
                 if id(value) in written_weights:  # tied (embedding and LM head): the checkpoint holds it once
                     continue
                 written_weights[id(value)] = key

@@ -160,14 +160,18 @@ def test_micro_rtn8_is_closer_and_loads_as_sibling(micro, tmp_path):
     _decodes(target, draft, tok("The cat", return_tensors="pt").input_ids)
 
 
-def test_tiny_gemma3_roundtrip(tmp_path):
+@pytest.mark.parametrize("family, cls", [("gemma3", "Gemma3ForCausalLM"), ("qwen2", "Qwen2ForCausalLM")])
+def test_tiny_family_roundtrip(tmp_path, family, cls):
+    """Gemma 3 (scaled, tied embedding; sandwich norms) and Qwen2 (QKV biases, untied LM head)."""
     from tiny_models import build_family
 
-    target = build_family("gemma3", init=0.1)
-    result = export_draft(target, "rtn4", tmp_path / "gemma3")
+    target = build_family(family, init=0.1)
+    result = export_draft(target, "rtn4", tmp_path / family)
     loaded = _load(result.folder)
-    assert type(loaded).__name__ == "Gemma3ForCausalLM"
+    assert type(loaded).__name__ == cls
     assert _check_weights(target, loaded, result.folder, 4, 32) == 14
+    head = target.get_output_embeddings().weight
+    assert torch.equal(loaded.get_output_embeddings().weight.float(), rtn_dense(head, 4, 32))
     assert result.check["export_vs_target"] <= 1.3 * result.check["draft_vs_target"]
     _decodes(target, loaded, torch.tensor([[0, 5, 17, 42, 9]]))
 

@@ -74,7 +74,7 @@ def test_folder_layout_front_matter_and_requirements(folder):
     assert "library_name: transformers" in front and "- custom_generate" in front
     assert "custom_generate=" in readme and "trust_remote_code=True" in readme
     lines = (code / "requirements.txt").read_text().split()
-    assert {split_package_version(line)[0] for line in lines} == {"hfspec", "transformers", "torch"}
+    assert {split_package_version(line)[0] for line in lines} == {"hfspec"} and len(lines) == 2
     check_python_requirements(str(folder), requirements_file="custom_generate/requirements.txt")  # installed ones fit
 
 
