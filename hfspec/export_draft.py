@@ -175,6 +175,7 @@ def export_draft(target: nn.Module, spec, out, *, tokenizer=None, gamma: int | N
                 continue
             if module_name in dense_names and leaf == "weight":
                 if id(value) in written_weights:  # tied (embedding and LM head): the checkpoint holds it once
+                    result.dense_layers.append(f"{module_name} (tied)")
                     continue
                 written_weights[id(value)] = key
                 tensors[key] = rtn_dense(value.detach(), bits, group).to(dtype).contiguous()
