@@ -1,4 +1,4 @@
-"""`hfspec` command line: run, sweep, compare, bench, presets, gui, export-hub, export-draft."""
+"""`hfspec` command line: run, sweep, compare, bench, audit, presets, gui, export-hub, export-draft."""
 
 from __future__ import annotations
 
@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=int, default=3)
     bench.add_argument("--json", action="store_true")
 
+    audit = sub.add_parser("audit", help="exactness audit of a target and draft on this machine (exit 0: all pass)")
+    _audit_arguments(audit)
+
     hub = sub.add_parser("export-hub", help="write a transformers custom_generate folder that runs hfspec")
     hub.add_argument("out", metavar="OUT", help="folder to write (new or empty)")
     hub.add_argument("--draft", default="rtn4", help=f"the folder's default draft: {_draft_specs()}")
@@ -105,6 +108,25 @@ def build_parser() -> argparse.ArgumentParser:
     gui.add_argument("--settings", metavar="FILE.ini", help="settings file (default: the user's)")
     gui.add_argument("--run", action="store_true", help="start a run at once")
     return parser
+
+
+def _audit_arguments(p: argparse.ArgumentParser) -> None:
+    from hfspec.presets import DEFAULT_PRESET
+
+    p.add_argument("--preset", default=DEFAULT_PRESET, help=f"fills in what the flags leave out (default {DEFAULT_PRESET})")
+    p.add_argument("--target", help="target: model folder, hub id or .gguf file")
+    p.add_argument("--draft", help=f"draft: {_draft_specs()}")
+    p.add_argument("--dtype", help="float32 | bfloat16 | float16 | auto")
+    p.add_argument("--device", help="cpu | cuda | cuda:N | mps | auto")
+    p.add_argument("--prompts", nargs="+", metavar="TEXT", help="prompts for the greedy check (default: four built in)")
+    p.add_argument("--tokens", type=int, default=64, help="greedy tokens per prompt (default 64)")
+    p.add_argument("--samples", type=int, default=2000, help="samples per chi-square test (default 2000)")
+    p.add_argument("--temperature", type=float, help="your sampling settings, tested beside T=1")
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--gamma", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
 
 
 def _check_args(args) -> None:
@@ -175,10 +197,12 @@ def _say(message: str) -> None:
 
 def cmd_run(args) -> int:
     from hfspec import report
+    from hfspec.exactness import exactness_note
 
     # --ignore-eos can only turn it on: without the flag the preset's own ignore_eos stands
     settings = _settings(args, measure_baseline=not args.no_baseline, **({"ignore_eos": True} if args.ignore_eos else {}))
-    result = _session(args).run(settings, progress=_say)
+    session = _session(args)
+    result = session.run(settings, progress=_say)
     if args.json:
         print(report.dumps(result.to_dict() | {"measured_speedup": result.measured_speedup}))
         return 0
@@ -187,6 +211,9 @@ def cmd_run(args) -> int:
     print()
     print(report.legend(colour))
     print("\n".join(report.stats_lines(result.stats, result.baseline, result.measured_speedup, result.measurement)))
+    note = exactness_note(session.load_target(settings.target)[0])  # "" for float32
+    if note:
+        print(note)
     return 0
 
 
@@ -272,6 +299,12 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_audit(args) -> int:
+    from hfspec.audit import run_command
+
+    return run_command(args, progress=_say)
+
+
 def cmd_presets(args) -> int:
     from hfspec.presets import list_presets, load_preset
 
@@ -308,7 +341,8 @@ def cmd_export_draft(args) -> int:
 
 
 COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "compare": cmd_compare, "bench": cmd_bench,
-            "presets": cmd_presets, "gui": cmd_gui, "export-hub": cmd_export_hub, "export-draft": cmd_export_draft}
+            "presets": cmd_presets, "gui": cmd_gui, "audit": cmd_audit, "export-hub": cmd_export_hub,
+            "export-draft": cmd_export_draft}
 
 
 def main(argv: list[str] | None = None) -> int:

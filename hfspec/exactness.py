@@ -86,6 +86,7 @@ class FirstDifference:
     ulp: float | None = None
     rounding_by_scheme: dict[str, float] = field(default_factory=dict)
     verdict: str = IDENTICAL
+    plain_tokens: list[int] = field(default_factory=list, repr=False)  # generate's new tokens
 
     def line(self, tokenizer=None) -> str:
         if self.position is None:
@@ -126,7 +127,10 @@ class GreedyReport:
         return [row.line(tokenizer) for row in self.rows]
 
     def to_dict(self) -> dict:
-        return asdict(self) | {"passed": self.passed}
+        data = asdict(self) | {"passed": self.passed}
+        for row in data["rows"]:
+            row.pop("plain_tokens")
+        return data
 
 
 def check_greedy(target, draft, prompts, max_new_tokens: int = 64, gamma: int = 4, dtype=None,
@@ -165,7 +169,7 @@ def explain(target, ids: torch.Tensor, plain, spec_sequences: torch.Tensor, inde
     a = plain.sequences[0, length:].tolist()
     b = spec_sequences[0, length:].tolist()
     common = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-    row = FirstDifference(index, max(len(a), len(b)))
+    row = FirstDifference(index, max(len(a), len(b)), plain_tokens=a)
     if common == len(a) == len(b):
         return row
     row.position = common

@@ -1,0 +1,436 @@
+"""`hfspec audit`: an exactness audit of a target and its draft, on this machine, in this dtype.
+
+Two checks, each with a control that must fail so that a pass means something:
+
+1. Greedy: `generate` and `hfspec.generate` at temperature 0 on several prompts, every first difference
+   explained by the target's margin against the measured rounding difference (`hfspec.exactness`). The
+   controls of that check live in its tests (a verify that accepts the target's second choice fails it).
+2. Sampling: the joint law of the first two generated tokens, drawn `samples` times by `hfspec.generate`, is
+   compared by χ² with the law plain sampling draws from: `generate`'s own processed scores at those
+   positions (softmax of the scores it samples from: token 1 after the context, token 2 after context + t1
+   for every t1 expected at least 5 times). At T = 1 and at the user's settings. Control: a draft-only
+   sampler (the draft's own samples under the same settings) on the same cells must fail.
+
+Power. Speculative decoding can only go wrong where the draft's q differs from the target's p, so the
+context is chosen, before any sample is drawn, where a draft-only sampler is easiest to tell from the target:
+among each prompt plus 0-8 tokens of its greedy continuation, the context whose first-token law gives the
+largest χ² non-centrality n Σ (q − p)² / p over the test's cells. The test's cells: a (t1, t2) pair expected
+≥ 5 times; the rest of each t1's row; every t1 expected < 5 times together; cells still below 5 pooled. The
+output states the control's predicted power (normal approximation of the non-central χ²). Token 2 tests what
+follows an accepted or rejected first token (the next draft position, or a new round after a residual draw).
+EOS is masked for both tokens (min_new_tokens = 2) on both sides.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from hfspec.errors import HfspecError
+from hfspec.exactness import GreedyReport, check_greedy, dtype_of, exactness_note
+from hfspec.sampling import warp
+from hfspec.scoring import fit_vocab
+
+DEFAULT_PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time,",
+                   "The most important thing to know about")
+DEFAULT_TOKENS = 64
+DEFAULT_SAMPLES = 2000
+THRESHOLD = 1e-3  # p-value below which a test fails (and the control must fall)
+CONTEXT_SPAN = 8  # candidate contexts: each prompt plus 0..CONTEXT_SPAN tokens of its greedy continuation
+MIN_EXPECTED = 5.0  # the usual χ² rule: every cell expected at least 5 times
+MAX_FIRST = 64  # first tokens whose second-token law gets its own cells
+NEW = 2  # generated tokens whose joint law is tested
+
+
+@dataclass
+class SamplingTest:
+    """One χ² test: `control` tests must fail (p < threshold), the others pass (p ≥ threshold)."""
+
+    name: str
+    settings: dict
+    context: list[int]
+    samples: int
+    cells: int
+    statistic: float
+    p_value: float
+    threshold: float
+    control: bool = False
+    predicted_power: float | None = None  # the control's chance to fail at this sample size
+
+    @property
+    def passed(self) -> bool:
+        return self.p_value < self.threshold if self.control else self.p_value >= self.threshold
+
+    def line(self) -> str:
+        want = f"must fail: p < {self.threshold:g}" if self.control else f"pass: p >= {self.threshold:g}"
+        power = f", predicted power {self.predicted_power:.2f}" if self.predicted_power is not None else ""
+        return (f"{'PASS' if self.passed else 'FAIL'}  {self.name}: chi2 {self.statistic:.1f} on {self.cells - 1} df, "
+                f"p = {self.p_value:.3g} ({want}; {self.samples} samples{power})")
+
+
+@dataclass
+class AuditResult:
+    target: str
+    draft: str
+    dtype: str
+    gamma: int
+    seed: int
+    greedy: GreedyReport
+    sampling: list[SamplingTest] = field(default_factory=list)
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return self.greedy.passed and all(test.passed for test in self.sampling)
+
+    def lines(self, tokenizer=None) -> list[str]:
+        g = self.greedy
+        out = [f"hfspec audit: target {self.target}, draft {self.draft}, {self.dtype}, gamma {self.gamma}, "
+               f"seed {self.seed}"]
+        note = exactness_note(self.dtype)
+        if note:
+            out.append(note)
+        out.append(f"{'PASS' if g.passed else 'FAIL'}  greedy vs generate: {len(g.rows)} prompts x {g.max_new_tokens} "
+                   f"tokens, {g.differences} differ (each must be a near-tie: margin <= {g.safety:g} x rounding)")
+        out += ["      " + line for line in g.lines(tokenizer)]
+        for test in self.sampling:
+            out.append(test.line())
+            if not test.control:
+                context = tokenizer.decode(test.context) if tokenizer is not None else str(test.context)
+                out.append(f"      first {NEW} tokens after {context!r}")
+        out += self.notes
+        out.append(f"{'PASSED' if self.passed else 'FAILED'} in {self.seconds:.0f} s")
+        return out
+
+    def to_dict(self) -> dict:
+        data = asdict(self) | {"passed": self.passed}
+        data["greedy"] = self.greedy.to_dict()
+        for test, raw in zip(self.sampling, data["sampling"], strict=True):
+            raw["passed"] = test.passed
+        return data
+
+
+def check_options(tokens: int, samples: int, temperature, top_k, top_p, gamma, seed) -> None:
+    """HfspecError naming the field and the allowed values (before any model loads)."""
+    from hfspec.validate import check_gamma, check_sampling
+
+    for name, value, low in (("tokens", tokens, 1), ("samples", samples, 100)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise HfspecError(f"{name}: got {value!r}; allowed: an integer >= {low}")
+    check_sampling(temperature, top_k, top_p)
+    if gamma == "auto" or isinstance(gamma, bool) or not isinstance(gamma, int):
+        raise HfspecError(f"gamma: got {gamma!r}; allowed: an integer 1..64 (the audit runs a fixed gamma)")
+    check_gamma(gamma)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise HfspecError(f"seed: got {seed!r}; allowed: an integer from 0 to 2**63 - 1")
+
+
+def audit(target, draft, prompts=DEFAULT_PROMPTS, *, tokenizer=None, tokens: int = DEFAULT_TOKENS,
+          samples: int = DEFAULT_SAMPLES, temperature: float = 1.0, top_k: int | None = None,
+          top_p: float | None = None, gamma: int = 4, seed: int = 0, threshold: float = THRESHOLD,
+          progress=None, target_name: str = "", draft_name: str = "") -> AuditResult:
+    """Audit `target` with `draft` (a model, or a spec string built from the target). prompts: texts (with a
+    tokenizer) or token id lists. temperature/top_k/top_p: the user's sampling settings (tested beside T = 1
+    when they differ from it; temperature 0 tests greedy only)."""
+    import hfspec
+
+    check_options(tokens, samples, temperature, top_k, top_p, gamma, seed)
+    say = progress or (lambda message: None)
+    began = time.perf_counter()
+    if isinstance(draft, str):
+        draft_name = draft_name or draft
+        draft = hfspec.make_draft(target, draft)
+    ids = [_ids(prompt, tokenizer) for prompt in prompts]
+    if not ids:
+        raise HfspecError("prompts: got none; allowed: one or more prompts")
+    say(f"greedy: {len(ids)} prompts x {tokens} tokens, generate vs hfspec…")
+    greedy = check_greedy(target, draft, ids, max_new_tokens=tokens, gamma=gamma)
+    result = AuditResult(target_name or type(target).__name__, draft_name or type(draft).__name__,
+                         str(dtype_of(target)).replace("torch.", ""), gamma, seed, greedy)
+    settings = [{"temperature": 1.0, "top_k": 0, "top_p": 1.0}]
+    user = {"temperature": float(temperature), "top_k": int(top_k or 0), "top_p": float(top_p or 1.0)}
+    if user["temperature"] > 0 and user != settings[0]:
+        settings.append(user)
+    contexts = [(row_ids + row.plain_tokens[:CONTEXT_SPAN], len(row_ids))
+                for row_ids, row in zip(ids, greedy.rows, strict=True)]
+    for index, setting in enumerate(settings):
+        name = "T=1" if index == 0 else "your settings (" + _describe(setting) + ")"
+        say(f"sampling {name}: {samples} samples of the first {NEW} tokens…")
+        result.sampling += sampling_tests(target, draft, contexts, setting, samples=samples, gamma=gamma,
+                                          seed=seed + 1000 * index, threshold=threshold, name=name)
+    if all(not t.control for t in result.sampling):
+        result.notes.append("control: not run (this draft kind has no forward to sample from alone)")
+    result.seconds = time.perf_counter() - began
+    return result
+
+
+def sampling_tests(target, draft, contexts: list[tuple[list[int], int]], setting: dict, *, samples: int, gamma: int, seed: int,
+                   threshold: float = THRESHOLD, name: str = "T=1") -> list[SamplingTest]:
+    """The χ² test of hfspec's samples at `setting` and of the draft-only control on the same cells.
+    contexts: (token ids, prompt length) pairs, the candidates for `choose_context`."""
+    import hfspec
+
+    vocab = _vocab(target)
+    eos = _eos_ids(target)
+    context = choose_context(target, draft, contexts, setting, samples, eos)
+    p1 = plain_law(target, torch.tensor([context]), setting)[0]
+    firsts = [t for t in torch.argsort(p1, descending=True)[:MAX_FIRST].tolist() if samples * p1[t] >= MIN_EXPECTED]
+    p2 = plain_law(target, torch.tensor([context + [t] for t in firsts]), setting) if firsts else None
+    cells = Cells(p1, dict(zip(firsts, p2 if p2 is not None else [], strict=True)), samples)
+
+    drawn: list[tuple[int, int]] = []
+    chunk = max(16, min(1024, (1 << 25) // (vocab * (gamma + 1))))  # bounds the [rows, γ+1, V] logits
+    for start in range(0, samples, chunk):
+        rows = min(chunk, samples - start)
+        out = hfspec.generate(target, torch.tensor([context] * rows), draft=draft, gamma=gamma, max_new_tokens=NEW,
+                              min_new_tokens=NEW, seed=seed + start, **setting)
+        drawn += [tuple(r) for r in out.sequences[:, len(context):len(context) + NEW].tolist()]
+    tests = [cells.test(drawn, f"hfspec {name}", setting, context, threshold)]
+
+    q1 = draft_law(draft, torch.tensor([context]), setting, vocab, eos)
+    if q1 is not None:
+        q2 = draft_law(draft, torch.tensor([context + [t] for t in firsts]), setting, vocab, eos) if firsts else None
+        q_by_first = dict(zip(firsts, q2 if q2 is not None else [], strict=True))
+        control = cells.test(draft_only_samples(q1[0], q_by_first, samples, seed + 7919),
+                             f"control {name}: draft-only sampler", setting, context, threshold, control=True)
+        control.predicted_power = cells.power(q1[0], q_by_first, threshold)
+        tests.append(control)
+    return tests
+
+
+class Cells:
+    """The χ² cells of the joint law of (t1, t2) and their probabilities under the plain law."""
+
+    def __init__(self, p1: torch.Tensor, p2: dict[int, torch.Tensor], samples: int):
+        self.samples = samples
+        self.firsts = p2
+        probs: dict = {}
+        for t1, cond in p2.items():
+            joint = p1[t1].double() * cond.double()
+            big = (samples * joint >= MIN_EXPECTED).nonzero().flatten().tolist()
+            for t2 in big:
+                probs[(t1, t2)] = float(joint[t2])
+            probs[(t1, None)] = max(0.0, float(p1[t1]) - sum(probs[(t1, t2)] for t2 in big))
+        probs[None] = max(0.0, 1.0 - float(sum(float(p1[t]) for t in p2)))
+        # pool every cell expected < 5 (and the pool into the smallest cell when it stays below 5)
+        self.pooled = {key for key, p in probs.items() if samples * p < MIN_EXPECTED}
+        self.probs = {key: p for key, p in probs.items() if key not in self.pooled}
+        pool = sum(probs[key] for key in self.pooled)
+        if pool > 0:
+            if samples * pool >= MIN_EXPECTED or not self.probs:
+                self.probs["pooled"] = pool
+            else:
+                smallest = min(self.probs, key=self.probs.get)
+                self.probs[smallest] += pool
+                self.pooled.add(smallest)
+                self.probs["pooled"] = self.probs.pop(smallest)
+
+    def key(self, t1: int, t2: int):
+        if t1 not in self.firsts:
+            key = None
+        elif (t1, t2) in self.probs or (t1, t2) in self.pooled:
+            key = (t1, t2)
+        else:
+            key = (t1, None)
+        return "pooled" if key in self.pooled else key
+
+    def test(self, drawn: list[tuple[int, int]], name: str, setting: dict, context: list[int], threshold: float,
+             control: bool = False) -> SamplingTest:
+        counts = Counter(self.key(t1, t2) for t1, t2 in drawn)
+        n = len(drawn)
+        keys = list(self.probs)
+        impossible = sum(c for k, c in counts.items() if k not in self.probs)  # outcomes of probability 0
+        statistic = sum((counts.get(k, 0) - n * self.probs[k]) ** 2 / (n * self.probs[k]) for k in keys)
+        statistic = math.inf if impossible else statistic
+        return SamplingTest(name, dict(setting), list(context), n, len(keys), statistic,
+                            chi2_sf(statistic, len(keys) - 1), threshold, control)
+
+    def power(self, q1: torch.Tensor, q2: dict[int, torch.Tensor], threshold: float) -> float:
+        """P(a draft-only sampler fails the test) at this sample size: non-centrality λ = n Σ (q − p)² / p over
+        the cells, the χ² statistic ~ non-central χ²(df, λ), in a normal approximation."""
+        q = dict.fromkeys(self.probs, 0.0)
+        others = float(q1.sum()) - sum(float(q1[t1]) for t1 in self.firsts)
+        masses = [(self.key(-1, -1), others)]
+        for t1, cond in q2.items():
+            joint = (float(q1[t1]) * cond.double()).tolist()
+            masses += [(self.key(t1, t2), mass) for t2, mass in enumerate(joint) if mass]
+        for key, mass in masses:
+            if key in q:  # mass on an outcome the target cannot produce only makes the control fail sooner
+                q[key] += mass
+        df = len(self.probs) - 1
+        lam = self.samples * sum((q[k] - p) ** 2 / p for k, p in self.probs.items())
+        critical = chi2_isf(threshold, df)
+        mean, sd = df + lam, math.sqrt(2 * (df + 2 * lam))
+        return 0.5 * math.erfc((critical - mean) / (sd * math.sqrt(2)))
+
+
+def choose_context(target, draft, contexts: list[tuple[list[int], int]], setting: dict, samples: int,
+                   eos: list[int]) -> list[int]:
+    """The context (a prompt plus 0..CONTEXT_SPAN greedy tokens) where the draft's first-token law is furthest
+    from the target's in χ² terms over cells expected ≥ 5 times: where a wrong rule shows most. Uses no sample."""
+    best, best_score = contexts[0][0][: contexts[0][1]], -1.0
+    vocab = _vocab(target)
+    for ids, prompt_length in contexts:
+        batch = torch.tensor([ids])
+        with torch.no_grad():
+            p_logits = fit_vocab(target(batch).logits[0].float(), vocab)
+            q = draft_law(draft, batch, setting, vocab, eos, every_position=True)
+        if q is None:
+            return best
+        p_all = _warp(p_logits, setting, eos)
+        for position in range(prompt_length - 1, len(ids)):
+            p, qq = p_all[position].double(), q[position].double()
+            big = samples * p >= MIN_EXPECTED
+            score = float(((qq[big] - p[big]) ** 2 / p[big]).sum())
+            rest_p, rest_q = float(p[~big].sum()), float(qq[~big].sum())
+            if rest_p > 0:
+                score += (rest_q - rest_p) ** 2 / rest_p
+            if score > best_score:
+                best, best_score = ids[: position + 1], score
+    return best
+
+
+def plain_law(target, ids: torch.Tensor, setting: dict) -> torch.Tensor:
+    """[B, V]: the law plain sampling draws the next token from after each row of `ids` (same length), from
+    `generate`'s own processed scores (EOS masked as min_new_tokens does)."""
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        out = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=1,
+                              min_new_tokens=1, output_scores=True, return_dict_in_generate=True, **setting)
+    return fit_vocab(torch.softmax(out.scores[0].float(), dim=-1), _vocab(target))
+
+
+def draft_law(draft, ids: torch.Tensor, setting: dict, vocab: int, eos: list[int],
+              every_position: bool = False) -> torch.Tensor | None:
+    """The draft's next-token law under `setting` (reference warper, EOS masked) after each row of `ids`
+    ([B, V]; [L, V] over every position of one row with every_position); None when the draft has no forward."""
+    if not isinstance(draft, torch.nn.Module):
+        return None
+    try:
+        with torch.no_grad():
+            logits = draft(input_ids=ids).logits
+    except (TypeError, AttributeError, NotImplementedError):
+        return None
+    logits = fit_vocab(logits.float(), vocab)
+    return _warp(logits[0] if every_position else logits[:, -1], setting, eos)
+
+
+def draft_only_samples(q1: torch.Tensor, q2: dict[int, torch.Tensor], samples: int, seed: int) -> list[tuple[int, int]]:
+    """The control: `samples` draws of (t1, t2) from the draft alone (t2 only where the test reads it)."""
+    generator = torch.Generator().manual_seed(seed)
+    firsts = torch.multinomial(q1.double(), samples, replacement=True, generator=generator).tolist()
+    drawn = []
+    for t1, count in Counter(firsts).items():
+        if t1 in q2:
+            seconds = torch.multinomial(q2[t1].double(), count, replacement=True, generator=generator).tolist()
+        else:
+            seconds = [-1] * count
+        drawn += [(t1, t2) for t2 in seconds]
+    return drawn
+
+
+def chi2_sf(statistic: float, df: int) -> float:
+    """P(χ²(df) ≥ statistic) (regularised upper incomplete gamma)."""
+    if math.isinf(statistic):
+        return 0.0
+    if df <= 0:
+        return 1.0
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
+                                         torch.tensor(statistic / 2, dtype=torch.float64)))
+
+
+def chi2_isf(p: float, df: int) -> float:
+    """The statistic whose upper tail is p (bisection on chi2_sf)."""
+    low, high = 0.0, max(1.0, df + 20.0 * math.sqrt(2 * max(df, 1)) + 100.0)
+    for _ in range(100):
+        mid = (low + high) / 2
+        low, high = (mid, high) if chi2_sf(mid, df) > p else (low, mid)
+    return (low + high) / 2
+
+
+def _warp(logits: torch.Tensor, setting: dict, eos: list[int]) -> torch.Tensor:
+    logits = logits.clone()
+    if eos:
+        logits[..., eos] = -math.inf
+    top_k = setting.get("top_k") or None
+    top_p = setting.get("top_p")
+    return warp(logits, temperature=setting["temperature"], top_k=top_k, top_p=top_p if top_p != 1.0 else None)
+
+
+def _describe(setting: dict) -> str:
+    parts = [f"T={setting['temperature']:g}"]
+    if setting.get("top_k"):
+        parts.append(f"top-k {setting['top_k']}")
+    if setting.get("top_p", 1.0) < 1.0:
+        parts.append(f"top-p {setting['top_p']:g}")
+    return ", ".join(parts)
+
+
+def _ids(prompt, tokenizer) -> list[int]:
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise HfspecError("prompts: got text without a tokenizer; allowed: token id lists, or pass tokenizer=")
+        ids = tokenizer(prompt).input_ids
+    else:
+        ids = torch.as_tensor(prompt).flatten().tolist()
+    if not ids:
+        raise HfspecError(f"prompts: {prompt!r} has no tokens; allowed: a prompt of at least one token")
+    return [int(i) for i in ids]
+
+
+def _vocab(model) -> int:
+    from hfspec.validate import vocab_size
+
+    return vocab_size(model)
+
+
+def _eos_ids(model) -> list[int]:
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = getattr(model.config, "eos_token_id", None)
+    if eos is None:
+        return []
+    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+
+
+def run_command(args, progress=None) -> int:
+    """`hfspec audit` (see `hfspec.cli`): 0 when every check passes, 1 when one fails. The preset fills in what
+    the flags leave out; every option is checked before a model loads."""
+    from hfspec import report
+    from hfspec.drafts import parse_draft_spec
+    from hfspec.loading import parse_device, parse_dtype
+    from hfspec.session import RunSettings, Session
+
+    preset = RunSettings.from_preset(args.preset)
+    target_source = args.target or preset.target
+    spec = (args.draft or preset.draft).strip()
+    temperature = args.temperature if args.temperature is not None else preset.temperature
+    top_k = args.top_k if args.top_k is not None else preset.top_k
+    top_p = args.top_p if args.top_p is not None else preset.top_p
+    gamma = args.gamma if args.gamma is not None else (preset.gamma if preset.gamma != "auto" else 4)
+    seed = args.seed if args.seed is not None else preset.seed
+    prompts = list(args.prompts) if args.prompts else list(DEFAULT_PROMPTS)
+    if any(not p.strip() for p in prompts):
+        raise HfspecError("prompts: got an empty prompt; allowed: some text to continue")
+    check_options(args.tokens, args.samples, temperature, top_k, top_p, gamma, seed)
+    parse_draft_spec(spec)
+    if args.dtype:
+        parse_dtype(args.dtype, role="target")
+    if args.device:
+        parse_device(args.device, role="target")
+
+    session = Session(dtype=args.dtype, device=args.device)
+    target, tokenizer = session.load_target(target_source, progress=progress)
+    draft = session.load_draft(target_source, spec, progress=progress)
+    result = audit(target, draft, prompts, tokenizer=tokenizer, tokens=args.tokens, samples=args.samples,
+                   temperature=temperature, top_k=top_k, top_p=top_p, gamma=gamma, seed=seed, progress=progress,
+                   target_name=target_source, draft_name=spec)
+    if args.json:
+        print(report.dumps(result.to_dict()))
+    else:
+        print("\n".join(result.lines(tokenizer)))
+    return 0 if result.passed else 1
