@@ -426,9 +426,16 @@ def run_command(args, progress=None) -> int:
     session = Session(dtype=args.dtype, device=args.device)
     target, tokenizer = session.load_target(target_source, progress=progress)
     draft = session.load_draft(target_source, spec, progress=progress)
+    if args.bitwise_verify:
+        from hfspec.exactness import use_bitwise_verify
+
+        use_bitwise_verify(target)
     result = audit(target, draft, prompts, tokenizer=tokenizer, tokens=args.tokens, samples=args.samples,
                    temperature=temperature, top_k=top_k, top_p=top_p, gamma=gamma, seed=seed, progress=progress,
                    target_name=target_source, draft_name=spec)
+    if args.bitwise_verify:
+        result.notes.append("option: bitwise verify (row-wise attention for cached multi-token forwards, prompt "
+                            "prefilled alone)")
     if args.json:
         print(report.dumps(result.to_dict()))
     else:

@@ -126,6 +126,8 @@ def _audit_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float)
     p.add_argument("--gamma", type=int)
     p.add_argument("--seed", type=int)
+    p.add_argument("--bitwise-verify", action="store_true",
+                   help="audit with hfspec.exactness.use_bitwise_verify (bf16 greedy bit for bit on CPUs that allow it)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
 
 

@@ -235,3 +235,73 @@ def last_logits_in_chunks(model, ids: torch.Tensor, first: int, chunk: int) -> t
         logits = outputs.logits[0, -1]
         start, end = end, min(total, end + chunk)
     return logits
+
+
+# ------------------------------------------------------------------------------ bitwise option
+ROWWISE_ATTENTION = "hfspec_rowwise_sdpa"
+
+
+def rowwise_attention(module, query, key, value, attention_mask, **kwargs):
+    """SDPA as transformers calls it, except that a forward of several new tokens over a KV cache attends one
+    query row at a time over exactly the keys a one-token forward would see. On CPUs where the matmuls of a few
+    rows round like one row (bf16 oneDNN), this makes the (γ + 1)-token verify pass compute bit for bit what
+    `generate`'s one-token steps compute; only batch 1 without padding takes this path."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    rows, keys = query.shape[2], key.shape[2]
+    if rows == 1 or keys <= rows or query.shape[0] != 1:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    outputs = []
+    for i in range(rows):
+        end = keys - rows + i + 1
+        out, _ = sdpa_attention_forward(module, query[:, :, i : i + 1], key[:, :, :end], value[:, :, :end], None,
+                                        **kwargs)
+        outputs.append(out)
+    return torch.cat(outputs, dim=1), None
+
+
+def use_bitwise_verify(model, on: bool = True) -> None:
+    """Option: make the target's (γ + 1)-token verify passes compute what `generate`'s one-token steps compute,
+    bit for bit, on CPUs whose matmuls over a few rows round like one row (bf16 on oneDNN; fp32 MKL does not).
+    Two changes, both to `model` in place (on=False undoes them): cached multi-token forwards attend one query
+    row at a time (`rowwise_attention`), and the first forward of a speculative run (prompt + γ draft tokens,
+    no cache yet) runs as the prompt's own forward followed by a cached forward of the draft tokens, as
+    `generate` prefills the prompt alone. Needs "sdpa" attention; batch 1 without padding."""
+    from transformers import AttentionInterface
+
+    from hfspec.errors import HfspecError
+
+    current = getattr(model.config, "_attn_implementation", None)
+    if current not in ("sdpa", ROWWISE_ATTENTION) or not hasattr(model, "set_attn_implementation"):
+        raise HfspecError(f"bitwise verify: the target uses {current!r} attention; allowed: a transformers model "
+                          "with 'sdpa' attention")
+    AttentionInterface.register(ROWWISE_ATTENTION, rowwise_attention)
+    model.set_attn_implementation(ROWWISE_ATTENTION if on else "sdpa")
+    if on and "forward" not in vars(model):
+        model.forward = _split_first_forward(model.forward)
+    elif not on and "forward" in vars(model):
+        del model.forward
+
+
+def _split_first_forward(forward):
+    """forward, except that a call on an empty cache keeping k > 1 logits of n > k tokens runs as a forward of
+    the first n - k + 1 tokens (the prompt) and a cached forward of the remaining k - 1."""
+
+    def split(*args, **kwargs):
+        ids = kwargs.get("input_ids")
+        keep = kwargs.get("logits_to_keep")
+        cache_key = "cache" if "cache" in kwargs else "past_key_values"
+        cache = kwargs.get(cache_key)
+        if (args or ids is None or not isinstance(keep, int) or keep <= 1 or ids.shape[1] <= keep
+                or cache is None or kv.seq_length(cache) > 0 or kwargs.get("attention_mask") is not None):
+            return forward(*args, **kwargs)
+        cut = ids.shape[1] - keep + 1
+        positions = kwargs.get("position_ids")
+        first = forward(**{**kwargs, "input_ids": ids[:, :cut], "logits_to_keep": 1,
+                           **({"position_ids": positions[:, :cut]} if positions is not None else {})})
+        rest = forward(**{**kwargs, "input_ids": ids[:, cut:], "logits_to_keep": keep - 1, cache_key: kv.cache_of(first),
+                          **({"position_ids": positions[:, cut:]} if positions is not None else {})})
+        rest.logits = torch.cat([first.logits[:, -1:], rest.logits], dim=1)
+        return rest
+
+    return split

@@ -17,7 +17,14 @@ from tiny_models import build, perturbed
 
 import hfspec
 import hfspec.scoring as scoring
-from hfspec.exactness import NEAR_TIE, UNEXPLAINED, check_greedy, exactness_note, rounding_difference
+from hfspec.exactness import (
+    NEAR_TIE,
+    UNEXPLAINED,
+    check_greedy,
+    exactness_note,
+    rounding_difference,
+    use_bitwise_verify,
+)
 from hfspec.loading import load_model, load_tokenizer
 
 MICRO = Path(__file__).resolve().parents[1] / "presets" / "models" / "micro"
@@ -58,6 +65,21 @@ def test_bf16_differences_are_near_ties(bf16_report):
         assert row.rounding > 0 and row.gap >= row.margin >= 0
         assert row.gap <= report.safety * row.rounding
     assert report.passed
+
+
+def test_bitwise_verify_option_makes_bf16_greedy_identical(micro_bf16, bf16_report):
+    """The option computes the verify pass as generate's one-token steps (on this CPU kind, whose bf16 matmuls
+    over a few rows round like one row): the prompts that differed without it are identical with it."""
+    target, draft, prompts = micro_bf16
+    differing = [prompts[row.prompt] for row in bf16_report.rows if row.position is not None]
+    assert differing
+    use_bitwise_verify(target)
+    try:
+        report = check_greedy(target, draft, differing, max_new_tokens=NEW, min_new_tokens=NEW)
+    finally:
+        use_bitwise_verify(target, on=False)
+    assert report.differences == 0, report.lines()
+    assert target.config._attn_implementation == "sdpa" and "forward" not in vars(target)
 
 
 def test_one_token_scheme_reproduces_generate(micro_bf16):
