@@ -38,7 +38,9 @@ from hfspec.scoring import fit_vocab
 DEFAULT_PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time,",
                    "The most important thing to know about")
 DEFAULT_TOKENS = 64
-DEFAULT_SAMPLES = 2000
+DEFAULT_SAMPLES = None  # auto: the first of AUTO_SAMPLES at which the control fails with AUTO_POWER
+AUTO_SAMPLES = (500, 1000, 2000, 4000)
+AUTO_POWER = 0.99
 THRESHOLD = 1e-3  # p-value below which a test fails (and the control must fall)
 CONTEXT_SPAN = 8  # candidate contexts: each prompt plus 0..CONTEXT_SPAN tokens of its greedy continuation
 MIN_EXPECTED = 5.0  # the usual χ² rule: every cell expected at least 5 times
@@ -120,6 +122,8 @@ def check_options(tokens: int, samples: int, temperature, top_k, top_p, gamma, s
     from hfspec.validate import check_gamma, check_sampling
 
     for name, value, low in (("tokens", tokens, 1), ("samples", samples, 100)):
+        if name == "samples" and value is None:
+            continue
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise HfspecError(f"{name}: got {value!r}; allowed: an integer >= {low}")
     check_sampling(temperature, top_k, top_p)
@@ -131,11 +135,11 @@ def check_options(tokens: int, samples: int, temperature, top_k, top_p, gamma, s
 
 
 def audit(target, draft, prompts=DEFAULT_PROMPTS, *, tokenizer=None, tokens: int = DEFAULT_TOKENS,
-          samples: int = DEFAULT_SAMPLES, temperature: float = 1.0, top_k: int | None = None,
+          samples: int | None = DEFAULT_SAMPLES, temperature: float = 1.0, top_k: int | None = None,
           top_p: float | None = None, gamma: int = 4, seed: int = 0, threshold: float = THRESHOLD,
           progress=None, target_name: str = "", draft_name: str = "") -> AuditResult:
     """Audit `target` with `draft` (a model, or a spec string built from the target). prompts: texts (with a
-    tokenizer) or token id lists. temperature/top_k/top_p: the user's sampling settings (tested beside T = 1
+    tokenizer) or token id lists. samples: per χ² test, None for auto (see `sampling_tests`). temperature/top_k/top_p: the user's sampling settings (tested beside T = 1
     when they differ from it; temperature 0 tests greedy only)."""
     import hfspec
 
@@ -160,7 +164,7 @@ def audit(target, draft, prompts=DEFAULT_PROMPTS, *, tokenizer=None, tokens: int
                 for row_ids, row in zip(ids, greedy.rows, strict=True)]
     for index, setting in enumerate(settings):
         name = "T=1" if index == 0 else "your settings (" + _describe(setting) + ")"
-        say(f"sampling {name}: {samples} samples of the first {NEW} tokens…")
+        say(f"sampling {name}: {samples or 'auto'} samples of the first {NEW} tokens…")
         result.sampling += sampling_tests(target, draft, contexts, setting, samples=samples, gamma=gamma,
                                           seed=seed + 1000 * index, threshold=threshold, name=name)
     if all(not t.control for t in result.sampling):
@@ -169,19 +173,34 @@ def audit(target, draft, prompts=DEFAULT_PROMPTS, *, tokenizer=None, tokens: int
     return result
 
 
-def sampling_tests(target, draft, contexts: list[tuple[list[int], int]], setting: dict, *, samples: int, gamma: int, seed: int,
+def sampling_tests(target, draft, contexts: list[tuple[list[int], int]], setting: dict, *, samples: int | None,
+                   gamma: int, seed: int,
                    threshold: float = THRESHOLD, name: str = "T=1") -> list[SamplingTest]:
     """The χ² test of hfspec's samples at `setting` and of the draft-only control on the same cells.
-    contexts: (token ids, prompt length) pairs, the candidates for `choose_context`."""
+    contexts: (token ids, prompt length) pairs, the candidates for `choose_context`. samples None: the fewest of
+    AUTO_SAMPLES whose predicted control power reaches AUTO_POWER (the most when none does), chosen from the
+    exact laws before any sample is drawn."""
     import hfspec
 
     vocab = _vocab(target)
     eos = _eos_ids(target)
-    context = choose_context(target, draft, contexts, setting, samples, eos)
+    context = choose_context(target, draft, contexts, setting, samples or AUTO_SAMPLES[1], eos)
     p1 = plain_law(target, torch.tensor([context]), setting)[0]
-    firsts = [t for t in torch.argsort(p1, descending=True)[:MAX_FIRST].tolist() if samples * p1[t] >= MIN_EXPECTED]
-    p2 = plain_law(target, torch.tensor([context + [t] for t in firsts]), setting) if firsts else None
-    cells = Cells(p1, dict(zip(firsts, p2 if p2 is not None else [], strict=True)), samples)
+    most = samples or AUTO_SAMPLES[-1]
+    firsts = [t for t in torch.argsort(p1, descending=True)[:MAX_FIRST].tolist() if most * p1[t] >= MIN_EXPECTED]
+    p2 = dict(zip(firsts, plain_law(target, torch.tensor([context + [t] for t in firsts]), setting), strict=True)) \
+        if firsts else {}
+    q1 = draft_law(draft, torch.tensor([context]), setting, vocab, eos)
+    q2 = {}
+    if q1 is not None and firsts:
+        q2 = dict(zip(firsts, draft_law(draft, torch.tensor([context + [t] for t in firsts]), setting, vocab, eos),
+                      strict=True))
+    for n in [samples] if samples else AUTO_SAMPLES:  # auto: the fewest that give the control its power
+        cells = Cells(p1, {t: law for t, law in p2.items() if n * p1[t] >= MIN_EXPECTED}, n)
+        power = cells.power(q1[0], q2, threshold) if q1 is not None else None
+        if power is not None and power >= AUTO_POWER:
+            break
+    samples = n
 
     drawn: list[tuple[int, int]] = []
     chunk = max(16, min(1024, (1 << 25) // (vocab * (gamma + 1))))  # bounds the [rows, γ+1, V] logits
@@ -192,13 +211,11 @@ def sampling_tests(target, draft, contexts: list[tuple[list[int], int]], setting
         drawn += [tuple(r) for r in out.sequences[:, len(context):len(context) + NEW].tolist()]
     tests = [cells.test(drawn, f"hfspec {name}", setting, context, threshold)]
 
-    q1 = draft_law(draft, torch.tensor([context]), setting, vocab, eos)
     if q1 is not None:
-        q2 = draft_law(draft, torch.tensor([context + [t] for t in firsts]), setting, vocab, eos) if firsts else None
-        q_by_first = dict(zip(firsts, q2 if q2 is not None else [], strict=True))
+        q_by_first = {t: law for t, law in q2.items() if t in cells.firsts}
         control = cells.test(draft_only_samples(q1[0], q_by_first, samples, seed + 7919),
                              f"control {name}: draft-only sampler", setting, context, threshold, control=True)
-        control.predicted_power = cells.power(q1[0], q_by_first, threshold)
+        control.predicted_power = power
         tests.append(control)
     return tests
 
@@ -253,6 +270,7 @@ class Cells:
     def power(self, q1: torch.Tensor, q2: dict[int, torch.Tensor], threshold: float) -> float:
         """P(a draft-only sampler fails the test) at this sample size: non-centrality λ = n Σ (q − p)² / p over
         the cells, the χ² statistic ~ non-central χ²(df, λ), in a normal approximation."""
+        q2 = {t1: law for t1, law in q2.items() if t1 in self.firsts}
         q = dict.fromkeys(self.probs, 0.0)
         others = float(q1.sum()) - sum(float(q1[t1]) for t1 in self.firsts)
         masses = [(self.key(-1, -1), others)]

@@ -120,7 +120,8 @@ def _audit_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="cpu | cuda | cuda:N | mps | auto")
     p.add_argument("--prompts", nargs="+", metavar="TEXT", help="prompts for the greedy check (default: four built in)")
     p.add_argument("--tokens", type=int, default=64, help="greedy tokens per prompt (default 64)")
-    p.add_argument("--samples", type=int, default=2000, help="samples per chi-square test (default 2000)")
+    p.add_argument("--samples", type=int, help="samples per chi-square test (default: the fewest of 500, 1000, "
+                   "2000, 4000 at which the control is predicted to fail with probability 0.99)")
     p.add_argument("--temperature", type=float, help="your sampling settings, tested beside T=1")
     p.add_argument("--top-k", type=int)
     p.add_argument("--top-p", type=float)
