@@ -331,7 +331,7 @@ def draft_law(draft, ids: torch.Tensor, setting: dict, vocab: int, eos: list[int
     try:
         with torch.no_grad():
             logits = draft(input_ids=ids).logits
-    except (TypeError, AttributeError, NotImplementedError):
+    except (HfspecError, TypeError, AttributeError, NotImplementedError):  # e.g. prompt lookup: no forward
         return None
     logits = fit_vocab(logits.float(), vocab)
     return _warp(logits[0] if every_position else logits[:, -1], setting, eos)
