@@ -1,12 +1,14 @@
 """Exactness per dtype: fp32 greedy is generate's text token for token; in bf16 every first difference from
 generate is a near-tie by the measured margin, and a deliberately wrong verify fails the same check.
 
-bf16 runs on the embedded micro pair (a trained 1.8M-parameter Llama and its rtn4 draft): its logits have a
-realistic spread (top-2 gaps of ~0.1 to several units), so a wrong verify's choices are far from ties, while
-its bf16 logits (1/16 apart at its logits' size) are tied often enough that the one-token and (γ + 1)-token
-forwards pick differently within 128 tokens on the prompts below (three of five differ on this machine kind;
-tiny random models mostly fall into loops with wide margins, or have flat logits where everything is a tie).
-The test asserts that some differ, so it means something.
+bf16 runs on the embedded micro model (a trained 1.8M-parameter Llama) with an rtn3 draft: its logits have a
+realistic spread (top-2 gaps of ~0.1 to several units), while its bf16 logits (1/32-1/16 apart at their size)
+are tied often enough that the one-token and (γ + 1)-token forwards pick differently within 128 tokens on the
+prompts below (two of five differ on this machine kind; tiny random models mostly fall into loops with wide
+margins, or have flat logits where everything is a tie). The test asserts that some differ, so it means
+something. rtn3 rather than rtn4: a draft that disagrees more proposes the target's second choice where the
+margin is real, so the wrong verify that accepts it is caught on every prompt (an rtn4 draft proposes it
+mostly where the target is near-indifferent).
 """
 
 from pathlib import Path
@@ -36,7 +38,7 @@ NEW = 128
 def micro_bf16():
     target = load_model(str(MICRO), dtype="bfloat16", progress=False)
     prompts = [load_tokenizer(str(MICRO))(text).input_ids for text in TEXTS]
-    return target, hfspec.make_draft(target, "rtn4"), prompts
+    return target, hfspec.make_draft(target, "rtn3"), prompts
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +132,7 @@ def test_negative_control_wrong_verify_fails(micro_bf16, monkeypatch, wrong):
     monkeypatch.setattr(scoring.Scorer, "greedy", wrong(scoring.Scorer.greedy))
     report = check_greedy(target, draft, prompts, max_new_tokens=64, min_new_tokens=64)
     assert not report.passed
-    assert sum(row.verdict == UNEXPLAINED for row in report.rows) >= 2, report.lines()
+    assert sum(row.verdict == UNEXPLAINED for row in report.rows) >= 3, report.lines()
 
 
 def test_exactness_note():
