@@ -152,11 +152,9 @@ def gap(value) -> float:
 
 def exactness_line(target) -> str:
     """What "exact" means for this target (a model or its dtype) when it is not float32: one line from
-    hfspec.exactness; "" for float32 or where that module is absent."""
-    try:
-        from hfspec.exactness import exactness_note
-    except ImportError:  # hfspec.exactness comes with the exactness audit; until then nothing is shown
-        return ""
+    hfspec.exactness; "" for float32."""
+    from hfspec.exactness import exactness_note
+
     return exactness_note(target)
 
 

@@ -254,7 +254,8 @@ class MainWindow(FileActions, QMainWindow):
         if self._take_fresh():
             self.live.clear(out.settings.prompt, out.settings)
         self.live.finish(out, self.controller.worker.conditions)
-        self.live.set_exactness(self.controller.worker.exactness)
+        advice = out.summary().get("advice") or ""
+        self.live.set_exactness("\n".join(line for line in (self.controller.worker.exactness, advice) if line))
         self.live.form_changed(self._form_settings())
         shown = self.live.result
         s, m = shown.stats, shown.measured

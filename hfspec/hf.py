@@ -57,7 +57,8 @@ def speculative_generate(
     stopping_criteria = check_speculative_options(model, request.draft, input_ids, generation_config,
                                                   stopping_criteria, streamer, stop_strings)
     streamer = streamer if streamer is not None else given_to_generate("streamer")
-    stats = SpecStats(target_bytes=weight_bytes(model), draft_bytes=weight_bytes(request.draft))
+    stats = SpecStats(target_bytes=weight_bytes(model), draft_bytes=weight_bytes(request.draft),
+                      target_dtype=_dtype_name(model))
     eos = generation_config._eos_token_tensor
     job = DecodeJob(
         scorer=Scorer(logits_processor, bool(generation_config.do_sample), validate.vocab_size(model)),
@@ -168,3 +169,11 @@ def weight_bytes(model) -> int:
     from hfspec.drafts import weight_bytes as draft_weight_bytes
 
     return 0 if model is None else int(draft_weight_bytes(model))
+
+
+def _dtype_name(model) -> str:
+    """The dtype of the model's first floating-point parameter ("" for none)."""
+    for p in model.parameters():
+        if p.is_floating_point():
+            return str(p.dtype).replace("torch.", "")
+    return ""

@@ -76,6 +76,7 @@ class SpecStats:
     time_total: float = 0.0
     draft_bytes: int = 0
     target_bytes: int = 0
+    target_dtype: str = ""  # the target's parameter dtype ("float32", "bfloat16", ...), "" unknown
     stopped: bool = False
     stop_reasons: list[str] = field(default_factory=list)  # per row: eos | max_tokens | stop_criteria | user
     costs: CostRecord = field(default_factory=CostRecord)  # per-round seconds, for the cost model
@@ -209,6 +210,7 @@ class SpecStats:
                                                       strict=True)])
         out.gamma_per_round = self.gamma_per_round + other.gamma_per_round
         out.draft_bytes, out.target_bytes = other.draft_bytes, other.target_bytes
+        out.target_dtype = other.target_dtype or self.target_dtype
         out.stopped = self.stopped or other.stopped
         out.stop_reasons = self.stop_reasons + other.stop_reasons
         out.costs = self.costs.merge(other.costs)

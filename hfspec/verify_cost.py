@@ -6,9 +6,11 @@ over 2-16 rows costs 2-2.7x one row at the shapes of 1-2B models (benchmarks/ben
 a prepacked oneDNN fp32 weight gets closer, at the price of a second fp32 copy of every weight). A float32
 target of that size then gains little, and loading it in bfloat16 is the remedy.
 
-`verify_ratio` prices a run's mean target pass against the plain run's time per token (the one-token step
-plus sampling, measured beside it); the first pass also reads the prompt, so for short runs the ratio is a
-little high. `advice` turns a ratio above VERIFY_BOTTLENECK into one line for the CLI and the dashboard.
+`verify_ratio` prices the run's most common verify width against a one-token step, both from the cost model's
+record of the run (`hfspec.costmodel`: prefill apart, the step from a plain run timed beside it or one-token
+passes after it). Without such a record it falls back to the mean target pass over the plain run's time per
+token, which counts the prompt's prefill and sampling and so reads a little high for short runs. `advice` turns
+a ratio above VERIFY_BOTTLENECK into one line for the CLI and the dashboard.
 """
 
 from __future__ import annotations
@@ -17,11 +19,33 @@ VERIFY_BOTTLENECK = 1.5  # verify pass / one-token step above which the verify p
 
 
 def verify_ratio(stats, baseline) -> float | None:
-    """Mean target pass of a speculative run over plain decoding's time per token (None without a baseline)."""
+    """The verify pass over a one-token step for a run (None when nothing says it)."""
+    measured = _recorded_ratio(stats)
+    if measured is not None:
+        return measured
     if baseline is None or not baseline.new_tokens or not baseline.time_total or not stats.target_passes:
         return None
     step = baseline.time_total / baseline.new_tokens
     return (stats.time_target / stats.target_passes) / step if step > 0 else None
+
+
+def _recorded_ratio(stats) -> float | None:
+    """t(w) / t(1) from the cost model fitted to the run, w its most common verify width; None when the record
+    holds no multi-position pass or no one-token timing."""
+    from hfspec.costmodel import CostModel
+
+    record = getattr(stats, "costs", None)
+    if record is None:
+        return None
+    widths = [(rounds, width) for width, rounds in enumerate(record.width_rounds) if width > 1 and rounds]
+    plain = getattr(stats, "plain_costs", None)
+    has_step = bool(record.steps) or (len(record.width_rounds) > 1 and record.width_rounds[1] > 0) or bool(
+        plain is not None and len(plain.width_rounds) > 1 and plain.width_rounds[1])
+    if not widths or not has_step:
+        return None
+    model = CostModel.fit(record, plain)
+    width = max(widths)[1]
+    return model.verify(width) / model.step if model.step > 0 else None
 
 
 def advice(stats, baseline, dtype=None) -> str | None:
@@ -30,7 +54,7 @@ def advice(stats, baseline, dtype=None) -> str | None:
     ratio = verify_ratio(stats, baseline)
     if ratio is None or ratio <= VERIFY_BOTTLENECK:
         return None
-    name = str(dtype).replace("torch.", "") if dtype is not None else None
+    name = str(dtype).replace("torch.", "") if dtype is not None else (getattr(stats, "target_dtype", "") or None)
     if name in ("bfloat16", "float16"):
         return None
     return (f"verify pass {ratio:.1f}× a one-token step: the target's pass over γ+1 positions limits the "

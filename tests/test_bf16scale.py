@@ -237,3 +237,21 @@ def test_a_draft_too_big_for_memory_is_refused_before_building(monkeypatch):
         make_draft(target, "rtn4")
     monkeypatch.setenv(memory.ENV, str(need))  # control: just enough memory builds it
     assert isinstance(make_draft(target, "rtn4"), LeanDecoder)
+
+
+def test_verify_ratio_reads_the_cost_record_without_the_prefill():
+    from hfspec import verify_cost
+    from hfspec.costmodel import CostRecord
+    from hfspec.session import Baseline
+    from hfspec.stats import SpecStats
+
+    # one-position rounds at 100 ms and width-5 passes at 250 ms: 2.5x, whatever the prefill or the mean pass says
+    record = CostRecord(width_rounds=[0, 10, 0, 0, 0, 20], width_seconds=[0.0, 1.0, 0.0, 0.0, 0.0, 5.0],
+                        prefill_rounds=1, prefill_target_seconds=3.0)
+    stats = SpecStats(target_passes=31, time_target=9.0, costs=record)
+    assert verify_cost.verify_ratio(stats, Baseline(new_tokens=100, time_total=10.0)) == pytest.approx(2.5)
+    # negative control: without any one-token timing the record says nothing and the mean-pass rule is used
+    no_step = CostRecord(width_rounds=[0, 0, 0, 0, 0, 20], width_seconds=[0.0, 0.0, 0.0, 0.0, 0.0, 5.0])
+    stats = SpecStats(target_passes=20, time_target=5.0, costs=no_step)
+    assert verify_cost.verify_ratio(stats, Baseline(new_tokens=100, time_total=10.0)) == pytest.approx(2.5)
+    assert verify_cost.verify_ratio(stats, None) is None
