@@ -134,15 +134,14 @@ def _shape(t) -> str:
 
 
 def _install_trace(meter: PeakMeter) -> CallTracer:
-    from hfspec.drafts import lean
+    from hfspec.drafts import lean_layers
     from hfspec.quant import groupwise, packing
 
     tracer = CallTracer(meter)
     tracer.wrap(groupwise, "group_quantize", "group_quantize", lambda w, *a: _shape(w))
     tracer.wrap(groupwise, "group_dequantize", "group_dequantize", lambda q, *a: _shape(q))
     tracer.wrap(packing, "pack_int4_cpu", "pack_int4_cpu", lambda q, *a: _shape(q))
-    tracer.wrap(lean, "_embedding_table", "lean._embedding_table", lambda w, *a: _shape(w))
-    tracer.wrap(lean.LeanLinear, "__init__", "LeanLinear.__init__", lambda self, w, *a: _shape(w))
+    tracer.wrap(lean_layers.LeanLinear, "__init__", "LeanLinear.__init__", lambda self, w, *a: _shape(w))
     return tracer
 
 
