@@ -71,3 +71,27 @@ def crop_to(cache, length: int) -> None:
 def select_rows(cache, rows: torch.Tensor) -> None:
     """Keep only the batch rows `rows` (in place)."""
     cache.batch_select_indices(rows)
+
+
+def keep_positions(cache, positions: list[int]) -> None:
+    """Keep only the cached positions `positions` (increasing), moved to the front in that order, in every
+    layer (in place). Tree speculation keeps the accepted path: a prefix plus one leaf scored after it.
+    Layers must hold every position (no sliding-window storage)."""
+    same = 0
+    while same < len(positions) and positions[same] == same:
+        same += 1
+    for layer in cache.layers:
+        if same < len(positions):
+            src = torch.tensor(positions[same:], device=layer.keys.device)
+            layer.keys[:, :, same:len(positions)] = layer.keys.index_select(2, src)
+            layer.values[:, :, same:len(positions)] = layer.values.index_select(2, src)
+    crop_to(cache, len(positions))
+
+
+def has_sliding_layers(model: torch.nn.Module) -> bool:
+    """Whether the model's cache keeps only a window of positions in some layer (Gemma 2/3, Mistral, ...)."""
+    config = getattr(model, "config", None)
+    config = getattr(config, "text_config", None) or config
+    types = getattr(config, "layer_types", None) or []
+    return any("sliding" in t or "chunked" in t for t in types) or bool(getattr(config, "sliding_window", None)
+                                                                           and getattr(config, "use_sliding_window", True))

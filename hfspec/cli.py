@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--gamma", type=_gamma)
     run.add_argument("--early-exit", action="store_true",
                      help="the draft stops a round early when another token does not pay (γ is the cap)")
+    run.add_argument("--tree", type=int, help="candidates per unsure draft position (2..8; 0: the plain chain)")
     run.add_argument("--no-baseline", action="store_true", help="skip the plain run (measured speed-up)")
     run.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-new-tokens tokens")
     run.add_argument("--json", action="store_true", help="print statistics as JSON")
@@ -180,6 +181,7 @@ def _settings(args, **extra):
         "target": args.target, "draft": args.draft, "temperature": args.temperature, "top_k": args.top_k,
         "top_p": args.top_p, "max_new_tokens": args.max_new_tokens, "seed": args.seed, "prompt": args.prompt,
         "gamma": getattr(args, "gamma", None), "early_exit": getattr(args, "early_exit", None) or None,
+        "tree": getattr(args, "tree", None),
     }.items() if v is not None}
     settings = replace(RunSettings.from_preset(args.preset, **overrides), **extra).validated()
     for spec in (getattr(args, "drafts", None) or settings.draft).split(","):

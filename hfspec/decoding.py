@@ -23,6 +23,7 @@ from hfspec.scoring import Scorer
 from hfspec.slots import Slots
 from hfspec.stats import RoundEvent, SpecStats
 from hfspec.stopping import Stopper
+from hfspec.tree import check_tree_target, tree_round
 
 
 @dataclass
@@ -48,6 +49,7 @@ class DecodeJob:
     should_stop: Callable[[], bool] | None = None
     stats: SpecStats | None = None
     target_runner: object = None
+    tree: object = None  # a `hfspec.tree.Tree`: sibling leaves scored beside the chain (batch size 1)
 
 
 @dataclass
@@ -74,6 +76,7 @@ class Verdict:
     n: torch.Tensor
     token: torch.Tensor
     target_seconds: float
+    from_leaf: bool = False  # tree speculation: the token follows an accepted sibling (a bonus, not a replacement)
 
 
 @dataclass
@@ -120,6 +123,8 @@ class _Run:
         self.target = job.target_runner or CachedModel(target)
         attach_draft(self.draft, self.target)
         self.meter = RoundMeter(self.stats.costs, self.target, self.draft)
+        if job.tree is not None:
+            check_tree_target(target, self.target)
         self.out: list[list[int]] = [[] for _ in range(batch)]
         self.kinds: list[list[str]] = [[] for _ in range(batch)]
         self.active = list(range(batch))
@@ -178,12 +183,14 @@ def _picker(job: DecodeJob, groups, device):
         q_j = scorer.probs(ctx, x_so_far, logits)[:, 0]
         return sample(q_j, generator), q_j
 
-    return pick
+    return pick if job.tree is None else job.tree.wrap_pick(pick, scorer, groups)
 
 
 def verify_proposal(run: _Run, proposal: Proposal) -> Verdict:
     """One target forward over everything it has not seen, distributions at γ + 1 positions; keep a prefix of x
-    and draw one more token (the rule of `hfspec.sampling.verify`)."""
+    and draw one more token (the rule of `hfspec.sampling.verify`). With a tree, `hfspec.tree.tree_round`."""
+    if run.job.tree is not None and (verdict := tree_round(run, proposal, run.job.tree)) is not None:
+        return verdict
     scorer, slots, gamma = run.job.scorer, run.slots, proposal.gamma
     before = run.target.seconds
     logits = run.target.feed(slots.tokens, slots.positions, slots.valid, proposal.start + gamma, gamma + 1,
@@ -207,7 +214,7 @@ def commit(run: _Run, proposal: Proposal, verdict: Verdict) -> Committed:
     last = "target" if gamma == 0 else None
     for row, n_i, token, x_row in zip(run.active, verdict.n.tolist(), verdict.token.tolist(), proposal.x.tolist(),
                                       strict=True):
-        kind = last or ("bonus" if n_i == gamma else "resampled")
+        kind = last or ("bonus" if n_i == gamma or verdict.from_leaf else "resampled")
         tokens = x_row[:n_i] + [token]
         keep, finished, reason = run.job.stopper.commit(run.prompt_len + len(run.out[row]), tokens,
                                                         lambda row=row: run.history(row))

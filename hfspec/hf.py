@@ -21,6 +21,7 @@ from hfspec.request import Request
 from hfspec.scoring import Scorer
 from hfspec.stats import SpecStats
 from hfspec.stopping import Stopper
+from hfspec.tree import Tree
 
 
 @dataclass
@@ -48,12 +49,15 @@ def speculative_generate(
     stop_strings: str | list[str] | None = None,
     hfspec_request: Request | None = None,
     early_exit: bool = False,
+    tree: int = 0,
     **model_kwargs,
 ):
     """The decoding loop transformers calls after its input preparation (pass as `custom_generate=`).
-    `hfspec_request`: the request `hfspec.generate` already checked (the other hfspec arguments are then unused)."""
+    `hfspec_request`: the request `hfspec.generate` already checked (the other hfspec arguments are then unused).
+    `tree`: candidates per unsure draft position (see `hfspec.tree`); 0 or 1 proposes the plain chain."""
     request = hfspec_request or Request.for_loop(model, input_ids, draft_model, gamma, plain=plain, seed=seed,
-                                                 on_round=on_round, should_stop=should_stop, early_exit=early_exit)
+                                                 on_round=on_round, should_stop=should_stop, early_exit=early_exit,
+                                                 tree=tree)
     stopping_criteria = check_speculative_options(model, request.draft, input_ids, generation_config,
                                                   stopping_criteria, streamer, stop_strings)
     streamer = streamer if streamer is not None else given_to_generate("streamer")
@@ -70,6 +74,7 @@ def speculative_generate(
         on_round=request.on_round,
         should_stop=request.should_stop,
         stats=stats,
+        tree=Tree(request.tree) if request.tree > 1 else None,
     )
     draft = NoDraft() if request.plain else as_draft(request.draft, vocab=request.draft_vocab)
     if request.early_exit:
@@ -95,6 +100,7 @@ def generate(
     on_round=None,
     should_stop=None,
     early_exit: bool = False,
+    tree: int = 0,
     **generation_kwargs,
 ) -> SpeculativeOutput:
     """Speculative decoding of `target` with `draft`; returns `.sequences`, `.stats` and `.token_kinds`.
@@ -104,12 +110,13 @@ def generate(
 
     temperature 0 means greedy (the target's greedy text, token for token); > 0 samples exactly from the
     target's distribution. Other keyword arguments go to `target.generate` (e.g. `eos_token_id`, `min_p`,
-    `repetition_penalty`, `stopping_criteria`, `streamer`, `logits_processor`).
+    `repetition_penalty`, `stopping_criteria`, `streamer`, `logits_processor`). `tree` ≥ 2: sibling candidates
+    where the draft is unsure, scored in the same target pass (batch size 1; see `hfspec.tree`).
     """
     return _run(Request.for_generate(
         target, input_ids, draft, gamma, plain=False, temperature=temperature, top_k=top_k, top_p=top_p,
         max_new_tokens=max_new_tokens, seed=seed, attention_mask=attention_mask, on_round=on_round,
-        should_stop=should_stop, generation_kwargs=generation_kwargs, early_exit=early_exit))
+        should_stop=should_stop, generation_kwargs=generation_kwargs, early_exit=early_exit, tree=tree))
 
 
 def plain_generate(

@@ -31,6 +31,7 @@ class Request:
     on_round: Callable | None = None
     should_stop: Callable[[], bool] | None = None
     draft_vocab: int | None = None
+    tree: int = 0  # candidates per unsure position (chain token + siblings); 0 or 1: the plain chain
     # From hfspec.generate / plain_generate only:
     input_ids: torch.Tensor | None = None
     attention_mask: torch.Tensor | None = None
@@ -40,7 +41,8 @@ class Request:
 
     @classmethod
     def for_loop(cls, target, input_ids, draft, gamma, *, plain=False, seed=None, on_round=None,
-                 should_stop=None, draft_field: str = "draft_model", early_exit: bool = False) -> Request:
+                 should_stop=None, draft_field: str = "draft_model", early_exit: bool = False,
+                 tree: int = 0) -> Request:
         """The checks the decoding loop relies on: seed, γ, a draft that shares the target's tokens, and
         position ids for batches."""
         validate.check_seed(seed)
@@ -56,21 +58,24 @@ class Request:
             draft = None
         if input_ids.shape[0] > 1 and not validate.accepts_positions(target, draft):
             raise validate.bad_value("input_ids", tuple(input_ids.shape), "batch size 1 for models without position_ids")
-        return cls(target, draft, gamma, plain, seed, on_round, should_stop, vocab, early_exit=early_exit and not plain)
+        check_tree(tree, plain, input_ids)
+        return cls(target, draft, gamma, plain, seed, on_round, should_stop, vocab, early_exit=early_exit and not plain,
+                   tree=tree)
 
     @classmethod
     def for_generate(cls, target, input_ids, draft, gamma, *, plain: bool, temperature=None, top_k=None, top_p=None,
                      max_new_tokens=None, seed=None, attention_mask=None, on_round=None, should_stop=None,
-                     generation_kwargs: dict | None = None, early_exit: bool = False) -> Request:
+                     generation_kwargs: dict | None = None, early_exit: bool = False, tree: int = 0) -> Request:
         """`hfspec.generate` / `plain_generate`'s arguments, checked before any model runs."""
         kwargs = check_generate_kwargs(input_ids, temperature, seed, generation_kwargs or {})
+        tree = kwargs.pop("tree", tree)  # from plain_generate's **generation_kwargs: checked, never passed on
         if not plain:
             validate.check_gamma(gamma)
         validate.check_sampling(temperature, top_k, top_p, kwargs.get("min_p"), max_new_tokens)
         validate.check_input_ids(input_ids, attention_mask)
         request = replace(
             cls.for_loop(target, input_ids, draft, gamma, plain=plain, seed=seed, on_round=on_round,
-                         should_stop=should_stop, draft_field="draft", early_exit=early_exit),
+                         should_stop=should_stop, draft_field="draft", early_exit=early_exit, tree=tree),
             input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
             generate_kwargs=_sampling_kwargs(kwargs, temperature, top_k, top_p, max_new_tokens))
         validate.check_length(target, input_ids.shape[1], max_new_tokens)
@@ -80,6 +85,19 @@ class Request:
     def shown_gamma(self) -> int | str:
         """γ as statistics report it (0 for plain decoding)."""
         return 0 if self.plain else self.gamma
+
+
+TREE_MAX = 8
+
+
+def check_tree(tree, plain: bool, input_ids: torch.Tensor) -> None:
+    """`tree`: 0 or 1 (the plain chain), or 2..TREE_MAX candidates per unsure position, batch size 1."""
+    if isinstance(tree, bool) or not isinstance(tree, int) or not 0 <= tree <= TREE_MAX:
+        raise validate.bad_value("tree", tree, f"an integer from 0 to {TREE_MAX} (0 or 1: no tree)")
+    if tree > 1 and plain:
+        raise validate.bad_value("tree", tree, "0 or 1 for plain decoding (a tree needs a draft)")
+    if tree > 1 and input_ids.shape[0] > 1:
+        raise validate.bad_value("tree", tree, "0 or 1 for batches (tree speculation runs batch size 1)")
 
 
 def _sampling_kwargs(kwargs: dict, temperature, top_k, top_p, max_new_tokens) -> dict:

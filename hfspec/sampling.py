@@ -201,3 +201,91 @@ def verify_greedy(target_tokens: torch.Tensor, x: torch.Tensor) -> tuple[torch.T
     n = count_accepted(x == target_tokens[:, :gamma]) if gamma else x.new_zeros(x.shape[0])
     token = target_tokens.gather(1, n.unsqueeze(1)).squeeze(1)
     return n, token
+
+
+# Tree speculation: one chain plus sibling leaves. At a chain position the draft's token x was drawn from q;
+# siblings are further tokens drawn from the same q without replacement (Gumbel-top-k, Kool et al., ICML 2019:
+# the order of the perturbed keys is a sequential draw without replacement). After x is rejected the siblings
+# are tried in draw order by recursive rejection sampling (Jeon et al., 2024, "Recursive Speculative Decoding",
+# Algorithm 1): each rejection replaces p by norm(max(0, p − q)) and removes the rejected token from q, so each
+# candidate is tested against the distribution it was actually drawn from. The token kept is distributed as p.
+
+
+def draw_siblings(q: torch.Tensor, first: torch.Tensor, m: int, generator: torch.Generator | None = None
+                  ) -> torch.Tensor:
+    """Up to m tokens [m'] drawn from q [V] without replacement and without `first` (a 0-dim token), in draw
+    order; fewer when q has fewer other tokens with mass."""
+    u = torch.rand(q.shape, generator=generator, device=q.device, dtype=torch.float64)
+    u = u.clamp_min(torch.finfo(torch.float64).tiny)
+    keys = q.double().log() - (-u.log()).log()  # log q + Gumbel(0, 1); −inf where q is 0
+    keys[first] = -float("inf")
+    values, order = torch.topk(keys, min(m, keys.shape[0]))
+    return order[values > -float("inf")]
+
+
+def without(q: torch.Tensor, token) -> torch.Tensor:
+    """q [V] with `token` removed and renormalised (zeros when nothing is left)."""
+    out = q.clone()
+    out[token] = 0
+    total = out.sum()
+    return out / total if total > 0 else out
+
+
+def sibling_chances(p: torch.Tensor, q: torch.Tensor, first, siblings: torch.Tensor
+                    ) -> tuple[list[float], torch.Tensor]:
+    """Recursive rejection over siblings after `first` (drawn from q) was rejected by p.
+
+    p, q: [V]; siblings: tokens drawn from q without replacement after `first`. Returns, per sibling, the
+    probability it is accepted given that every candidate before it was rejected, and the distribution the
+    token is drawn from when all are rejected. Deterministic: the random draws are the caller's."""
+    p, q = residual(p, q), without(q, first)
+    chances = []
+    for y in siblings.tolist():
+        q_y = float(q[y])
+        chances.append(min(1.0, float(p[y]) / q_y) if q_y > 0 else 0.0)
+        p, q = residual(p, q), without(q, y)
+    return chances, p
+
+
+def verify_tree(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, siblings: list[torch.Tensor],
+                generator: torch.Generator | None = None) -> tuple[int, int, int | None]:
+    """One round over a chain with sibling leaves (one row).
+
+    p: [γ+1, V] target at the chain positions, q: [γ, V] draft, x: [γ] chain, siblings[j]: sibling tokens at
+    chain position j (drawn from q[j] without replacement after x[j]). Returns (n, i, token): n chain tokens
+    kept; i ≥ 0: sibling i at position n is kept too, and the next token comes from the target at that leaf
+    (token None); i = −1: `token` is the replacement (n < γ) or the bonus (n == γ)."""
+    gamma = x.shape[0]
+    if gamma:
+        p_x = p[:gamma].gather(-1, x[:, None]).squeeze(-1)
+        q_x = q.gather(-1, x[:, None]).squeeze(-1)
+        r = torch.rand(gamma, generator=generator, device=p.device)
+        n = int(count_accepted(accept_draft(p_x, q_x, r)[None])[0])
+    else:
+        n = 0
+    if n == gamma:
+        return n, -1, int(sample(p[n][None], generator)[0])
+    sibs = siblings[n] if n < len(siblings) else x.new_empty(0)
+    if not sibs.numel():
+        return n, -1, int(sample(residual(p[n], q[n])[None], generator)[0])
+    chances, rest = sibling_chances(p[n], q[n], x[n], sibs)
+    r = torch.rand(len(chances), generator=generator, device=p.device)
+    for i, chance in enumerate(chances):
+        if float(r[i]) < chance:
+            return n, i, None
+    return n, -1, int(sample(rest[None], generator)[0])
+
+
+def verify_tree_greedy(target_tokens: torch.Tensor, x: torch.Tensor, siblings: list[torch.Tensor]
+                       ) -> tuple[int, int, int | None]:
+    """`verify_tree` at temperature 0 (one row): keep chain tokens while they equal the target's argmax; at the
+    first mismatch keep the sibling equal to the target's argmax if there is one (then token None: the next
+    token is the target's argmax at that leaf), else take the target's token."""
+    gamma = x.shape[0]
+    n = int(count_accepted((x == target_tokens[:gamma])[None])[0]) if gamma else 0
+    best = int(target_tokens[n])
+    if n < gamma and n < len(siblings):
+        hits = (siblings[n] == best).nonzero()
+        if hits.numel():
+            return n, int(hits[0, 0]), None
+    return n, -1, best

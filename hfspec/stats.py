@@ -71,6 +71,8 @@ class SpecStats:
     checked_per_row: list[int] = field(default_factory=list)
     positions_fed_target: int = 0
     positions_fed_draft: int = 0
+    tree_leaves: int = 0  # tree speculation: sibling leaves the target scored, and siblings it kept
+    tree_kept: int = 0
     time_draft: float = 0.0
     time_target: float = 0.0
     time_total: float = 0.0
@@ -202,7 +204,7 @@ class SpecStats:
         out = SpecStats(gamma=self.gamma if self.gamma == other.gamma else "mixed", batch_size=self.batch_size)
         for name in ("target_passes", "row_passes", "draft_forwards", "proposed", "checked", "accepted",
                      "new_tokens", "positions_fed_target", "positions_fed_draft", "time_draft", "time_target",
-                     "time_total"):
+                     "time_total", "tree_leaves", "tree_kept"):
             setattr(out, name, getattr(self, name) + getattr(other, name))
         for name in ("accepted_by_position", "checked_by_position", "accepted_length_hist"):
             a, b = getattr(self, name), getattr(other, name)
