@@ -54,12 +54,17 @@ def test_slots_hold_the_accepted_text_after_every_tree_round():
     kept = 0
     with torch.no_grad():
         run = _Run(target, as_draft(draft), IDS, None, job)
+        meter = getattr(run, "meter", None)  # the loop's round timer (hfspec.costmodel), driven as decode does
         while run.active:
+            if meter is not None:
+                meter.begin(len(run.active))
             proposal = propose(run)
             verdict = verify_proposal(run, proposal)
             kept += verdict.from_leaf
             done = commit(run, proposal, verdict)
             settle(run, proposal, verdict, done)
+            if meter is not None:
+                meter.end(proposal.gamma, sum(done.accepted))
             if run.active:
                 assert torch.equal(run.slots.tokens[0], run.history(0))
     assert kept > 0
