@@ -7,8 +7,8 @@ steps plus one target step. On a CPU a round also pays for
 - the time outside forwards (sampling, verification, bookkeeping): o(k) = o₀ + o₁·k per round,
 - the prompt's prefill, once per run,
 
-and plain decoding pays t(1) + o₀ per token. This module measures those per round (`RoundMeter` fills a
-`CostRecord` on the run's `SpecStats`), fits them (`CostModel`) and predicts
+and plain decoding pays t(1) + o₀ per token. `hfspec.costrecord` measures those per round (`RoundMeter` fills
+a `CostRecord` on the run's `SpecStats`); this module fits them (`CostModel`) and predicts
 
     speculative tokens/s = E[tokens per round] / E[seconds per round]      (both over the run's γ histogram)
     plain tokens/s       = 1 / (t(1) + o₀)
@@ -30,175 +30,24 @@ says so).
 
 from __future__ import annotations
 
-import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 
-ONE_TOKEN_TIMINGS = 2  # one-token target passes timed after a run that had none of its own
+from hfspec.costrecord import (
+    ONE_TOKEN_TIMINGS,
+    CostRecord,
+    RoundMeter,
+    RoundSeconds,
+    time_one_token_steps,
+)
+
+__all__ = [  # the measurement names (`hfspec.costrecord`) stay importable from here
+    "MIN_ROUNDS", "ONE_TOKEN_TIMINGS", "SHRINK", "Acceptance", "CostModel", "CostRecord", "Prediction", "RoundMeter",
+    "RoundSeconds", "best_gamma", "expected_tokens", "from_pairs", "predict", "predict_from", "speedup_at",
+    "time_one_token_steps",
+]
+
 SHRINK = 4.0  # pseudo-counts pulling a position's acceptance rate toward the pooled α
-
-
-# ------------------------------------------------------------------------------------------ measurement
-@dataclass
-class CostRecord:
-    """Seconds spent per round, summed, by what the round did (round 0, the prefill, apart).
-
-    Indexed by width n (positions per row the target pass fed): `width_rounds`, `width_seconds` (target).
-    Indexed by k (draft tokens proposed): `gamma_rounds`, `gamma_draft_seconds`, `gamma_other_seconds`
-    (outside forwards, live-display callbacks excluded), `gamma_rows` (active rows, summed), `gamma_pick_seconds`
-    (the part of the outside time spent turning draft logits into tokens, which grows with k),
-    `gamma_score_seconds` (the part spent scoring and verifying the k + 1 target positions), `gamma_accepted`
-    (draft tokens accepted, summed over rows).
-    `step_seconds` / `steps`: one-token target passes timed after the run (outside its total time).
-    """
-
-    width_rounds: list[int] = field(default_factory=list)
-    width_seconds: list[float] = field(default_factory=list)
-    gamma_rounds: list[int] = field(default_factory=list)
-    gamma_draft_seconds: list[float] = field(default_factory=list)
-    gamma_other_seconds: list[float] = field(default_factory=list)
-    gamma_rows: list[int] = field(default_factory=list)
-    gamma_pick_seconds: list[float] = field(default_factory=list)
-    gamma_score_seconds: list[float] = field(default_factory=list)
-    gamma_accepted: list[int] = field(default_factory=list)
-    prefill_rounds: int = 0
-    prefill_gamma: int = 0
-    prefill_target_seconds: float = 0.0
-    prefill_draft_seconds: float = 0.0
-    prefill_other_seconds: float = 0.0
-    step_seconds: float = 0.0
-    steps: int = 0
-
-    def record(self, k: int, width: int, rows: int, draft_s: float, target_s: float, other_s: float,
-               prefill: bool, pick_s: float = 0.0, score_s: float = 0.0, accepted: int = 0) -> None:
-        """One round: k draft tokens proposed, the target fed `width` positions per row over `rows` rows."""
-        if prefill:
-            self.prefill_rounds += 1
-            self.prefill_gamma = k
-            self.prefill_target_seconds += target_s
-            self.prefill_draft_seconds += draft_s
-            self.prefill_other_seconds += other_s
-            return
-        _add(self.width_rounds, width, 1)
-        _add(self.width_seconds, width, target_s)
-        _add(self.gamma_rounds, k, 1)
-        _add(self.gamma_draft_seconds, k, draft_s)
-        _add(self.gamma_other_seconds, k, other_s)
-        _add(self.gamma_rows, k, rows)
-        _add(self.gamma_pick_seconds, k, pick_s)
-        _add(self.gamma_score_seconds, k, score_s)
-        _add(self.gamma_accepted, k, accepted)
-
-    @property
-    def rounds(self) -> int:
-        return sum(self.gamma_rounds)
-
-    def merge(self, other: CostRecord) -> CostRecord:
-        out = CostRecord()
-        for f in fields(self):
-            a, b = getattr(self, f.name), getattr(other, f.name)
-            if isinstance(a, list):
-                n = max(len(a), len(b))
-                setattr(out, f.name, [x + y for x, y in zip(a + [0] * (n - len(a)), b + [0] * (n - len(b)),
-                                                            strict=True)])
-            elif f.name == "prefill_gamma":
-                out.prefill_gamma = b if other.prefill_rounds else a
-            else:
-                setattr(out, f.name, a + b)
-        return out
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict | None) -> CostRecord | None:
-        if data is None:
-            return None
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
-
-
-def _add(values: list, index: int, amount) -> None:
-    if len(values) <= index:
-        values.extend([0] * (index + 1 - len(values)))
-    values[index] += amount
-
-
-class RoundMeter:
-    """Times one round of the decoding loop into a `CostRecord`: call `begin(rows)` when the round starts, wrap
-    live-display callbacks in `excluded()`, and `end(k, accepted)` when the round (rollback included) is over."""
-
-    def __init__(self, record: CostRecord, target_runner, draft):
-        self.record, self.target, self.draft = record, target_runner, draft
-        self.rounds = 0
-
-    def begin(self, rows: int) -> None:
-        self._rows = rows
-        self._began = time.perf_counter()
-        self._excluded = 0.0
-        self._t = self.target.seconds
-        self._t_fed = self.target.positions_fed
-        self._d = self.draft.seconds
-        self._pick = self._score = 0.0
-
-    def scoring(self) -> None:
-        """The target's logits are in: scoring and verification start."""
-        self._score_began = time.perf_counter()
-
-    def scored(self) -> None:
-        self._score += time.perf_counter() - self._score_began
-
-    def timed(self, pick):
-        """`pick` with its time added to the round's draft-token overhead."""
-        def timed_pick(*args):
-            began = time.perf_counter()
-            try:
-                return pick(*args)
-            finally:
-                self._pick += time.perf_counter() - began
-        return timed_pick
-
-    def excluded(self):
-        meter = self
-
-        class _Pause:
-            def __enter__(self):
-                self.began = time.perf_counter()
-
-            def __exit__(self, *exc):
-                meter._excluded += time.perf_counter() - self.began
-                return False
-
-        return _Pause()
-
-    def end(self, k: int, accepted: int = 0) -> None:
-        rows = self._rows
-        wall = time.perf_counter() - self._began - self._excluded
-        target_s = self.target.seconds - self._t
-        draft_s = self.draft.seconds - self._d
-        width = (self.target.positions_fed - self._t_fed) // max(1, rows)
-        self.record.record(k, width, rows, draft_s, target_s, max(0.0, wall - target_s - draft_s),
-                           prefill=self.rounds == 0, pick_s=self._pick,
-                           score_s=self._score, accepted=accepted)
-        self.rounds += 1
-
-
-def time_one_token_steps(record: CostRecord, target_runner, slots, count: int = ONE_TOKEN_TIMINGS) -> None:
-    """After a run: time `count` one-token target passes over the last committed token (which the target has
-    not seen), rolling back after each, unless the run already had one-position rounds. The target's seconds and
-    forwards counters are left as they were, and the caller's total time excludes this."""
-    if len(record.width_rounds) > 1 and record.width_rounds[1] > 0:
-        return
-    cached = getattr(target_runner, "cached", None)
-    if cached is None or cached != slots.size - 1 or slots.size < 1:
-        return
-    saved = (target_runner.seconds, target_runner.forwards, target_runner.positions_fed)
-    for _ in range(count):
-        began = time.perf_counter()
-        target_runner.feed(slots.tokens, slots.positions, slots.valid, slots.size, 1, slots.all_valid)
-        record.step_seconds += time.perf_counter() - began
-        record.steps += 1
-        target_runner.rollback(slots.size - 1)
-    target_runner.seconds, target_runner.forwards, target_runner.positions_fed = saved
 
 
 # ----------------------------------------------------------------------------------------------- model

@@ -11,6 +11,7 @@ from hfspec.costmodel import (
     Acceptance,
     CostModel,
     CostRecord,
+    RoundSeconds,
     best_gamma,
     expected_tokens,
     predict,
@@ -29,11 +30,12 @@ def record(rounds_by_k: dict[int, int], verify_ms, draft_ms_per_token: float, ot
     for k, count in rounds_by_k.items():
         for _ in range(count):
             pick, score = pick_ms * k, score_ms(k + 1)
-            r.record(k, k + 1, 1, draft_ms_per_token * k * MS, verify_ms(k + 1) * MS,
-                     (other_ms(k) + pick + score) * MS, prefill=False, pick_s=pick * MS, score_s=score * MS)
+            r.record(k, k + 1, 1, RoundSeconds(draft_ms_per_token * k * MS, verify_ms(k + 1) * MS,
+                                               (other_ms(k) + pick + score) * MS, pick * MS, score * MS),
+                     prefill=False)
     if prefill is not None:
         k, target_ms, draft_ms, other_ms0 = prefill
-        r.record(k, 40, 1, draft_ms * MS, target_ms * MS, other_ms0 * MS, prefill=True)
+        r.record(k, 40, 1, RoundSeconds(draft_ms * MS, target_ms * MS, other_ms0 * MS), prefill=True)
     r.step_seconds, r.steps = step_ms * steps * MS, steps
     return r
 

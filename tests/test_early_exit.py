@@ -14,7 +14,7 @@ from transformers.generation.logits_process import MinNewTokensLengthLogitsProce
 
 import hfspec
 import hfspec.hf
-from hfspec.costmodel import CostRecord
+from hfspec.costmodel import CostRecord, RoundSeconds
 from hfspec.decoding import DecodeJob, decode
 from hfspec.drafts import make_draft
 from hfspec.drafts.base import as_draft
@@ -126,8 +126,8 @@ def test_single_run_law_with_early_exit_and_the_drawn_token_control(distribution
 def test_costs_and_calibration_from_the_run():
     costs = CostRecord()
     for _ in range(5):  # verify 50 + 10 n ms, draft 5 ms a token, 1 ms outside forwards per round
-        costs.record(4, 5, 1, 0.020, 0.100, 0.001, prefill=False)
-        costs.record(2, 3, 1, 0.010, 0.080, 0.001, prefill=False)
+        costs.record(4, 5, 1, RoundSeconds(0.020, 0.100, 0.001), prefill=False)
+        costs.record(2, 3, 1, RoundSeconds(0.010, 0.080, 0.001), prefill=False)
     policy = EarlyExit(FixedGamma(4), costs)
     assert policy._token_costs() is None  # nothing observed yet: the full γ
     policy._confidence = [[0.95], [0.95], [0.15], [0.15]]
