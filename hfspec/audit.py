@@ -18,18 +18,19 @@ largest χ² non-centrality n Σ (q − p)² / p over the test's cells. The test
 ≥ 5 times; the rest of each t1's row; every t1 expected < 5 times together; cells still below 5 pooled. The
 output states the control's predicted power (normal approximation of the non-central χ²). Token 2 tests what
 follows an accepted or rejected first token (the next draft position, or a new round after a residual draw).
-EOS is masked for both tokens (min_new_tokens = 2) on both sides.
+EOS is masked for both tokens (min_new_tokens = 2) on both sides. The χ² cells, statistic, p-value and the
+control's power are `hfspec.audit_stats`'; what to run is an `AuditSettings`.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import torch
 
+from hfspec.audit_stats import MIN_EXPECTED, Cells, SamplingTest, chi2_isf, chi2_sf, draft_only_samples
 from hfspec.errors import HfspecError
 from hfspec.exactness import GreedyReport, check_greedy, dtype_of, exactness_note
 from hfspec.sampling import warp
@@ -43,35 +44,15 @@ AUTO_SAMPLES = (500, 1000, 2000, 4000)
 AUTO_POWER = 0.99
 THRESHOLD = 1e-3  # p-value below which a test fails (and the control must fall)
 CONTEXT_SPAN = 8  # candidate contexts: each prompt plus 0..CONTEXT_SPAN tokens of its greedy continuation
-MIN_EXPECTED = 5.0  # the usual χ² rule: every cell expected at least 5 times
 MAX_FIRST = 64  # first tokens whose second-token law gets its own cells
 NEW = 2  # generated tokens whose joint law is tested
 
-
-@dataclass
-class SamplingTest:
-    """One χ² test: `control` tests must fail (p < threshold), the others pass (p ≥ threshold)."""
-
-    name: str
-    settings: dict
-    context: list[int]
-    samples: int
-    cells: int
-    statistic: float
-    p_value: float
-    threshold: float
-    control: bool = False
-    predicted_power: float | None = None  # the control's chance to fail at this sample size
-
-    @property
-    def passed(self) -> bool:
-        return self.p_value < self.threshold if self.control else self.p_value >= self.threshold
-
-    def line(self) -> str:
-        want = f"must fail: p < {self.threshold:g}" if self.control else f"pass: p >= {self.threshold:g}"
-        power = f", predicted power {self.predicted_power:.2f}" if self.predicted_power is not None else ""
-        return (f"{'PASS' if self.passed else 'FAIL'}  {self.name}: chi2 {self.statistic:.1f} on {self.cells - 1} df, "
-                f"p = {self.p_value:.3g} ({want}; {self.samples} samples{power})")
+__all__ = [  # the χ² names (`hfspec.audit_stats`) stay importable from here
+    "AUTO_POWER", "AUTO_SAMPLES", "CONTEXT_SPAN", "DEFAULT_PROMPTS", "DEFAULT_SAMPLES", "DEFAULT_TOKENS", "MAX_FIRST",
+    "MIN_EXPECTED", "NEW", "THRESHOLD", "AuditResult", "AuditSettings", "Cells", "SamplingTest", "audit",
+    "check_options", "chi2_isf", "chi2_sf", "choose_context", "draft_law", "draft_only_samples", "plain_law",
+    "run_command", "sampling_tests",
+]
 
 
 @dataclass
@@ -134,39 +115,76 @@ def check_options(tokens: int, samples: int, temperature, top_k, top_p, gamma, s
         raise HfspecError(f"seed: got {seed!r}; allowed: an integer from 0 to 2**63 - 1")
 
 
-def audit(target, draft, prompts=DEFAULT_PROMPTS, *, tokenizer=None, tokens: int = DEFAULT_TOKENS,
-          samples: int | None = DEFAULT_SAMPLES, temperature: float = 1.0, top_k: int | None = None,
-          top_p: float | None = None, gamma: int = 4, seed: int = 0, threshold: float = THRESHOLD,
-          progress=None, target_name: str = "", draft_name: str = "") -> AuditResult:
+@dataclass
+class AuditSettings:
+    """What an audit runs. tokens: greedy tokens per prompt. samples: per χ² test, None for auto (see
+    `sampling_tests`). temperature/top_k/top_p: the user's sampling settings (tested beside T = 1 when they differ
+    from it; temperature 0 tests greedy only). threshold: the p-value below which a test fails. target_name /
+    draft_name: the report's labels (default: the models' class names, or the draft's spec string)."""
+
+    tokens: int = DEFAULT_TOKENS
+    samples: int | None = DEFAULT_SAMPLES
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    gamma: int = 4
+    seed: int = 0
+    threshold: float = THRESHOLD
+    target_name: str = ""
+    draft_name: str = ""
+
+    @classmethod
+    def of(cls, settings: AuditSettings | None = None, **options) -> AuditSettings:
+        """`settings` (default: the defaults) with `options` (field names) replacing fields."""
+        allowed = [f.name for f in fields(cls)]
+        unknown = sorted(set(options) - set(allowed))
+        if unknown:
+            raise TypeError(f"audit: unknown option {unknown[0]!r}; allowed: {', '.join(allowed)}")
+        return replace(settings or cls(), **options)
+
+    def check(self) -> None:
+        """HfspecError naming the field and the allowed values (before any model loads)."""
+        check_options(self.tokens, self.samples, self.temperature, self.top_k, self.top_p, self.gamma, self.seed)
+
+    def sampling_settings(self) -> list[dict]:
+        """T = 1, then the user's settings when they sample and differ from it."""
+        settings = [{"temperature": 1.0, "top_k": 0, "top_p": 1.0}]
+        user = {"temperature": float(self.temperature), "top_k": int(self.top_k or 0),
+                "top_p": float(self.top_p or 1.0)}
+        if user["temperature"] > 0 and user != settings[0]:
+            settings.append(user)
+        return settings
+
+
+def audit(target, draft, prompts=DEFAULT_PROMPTS, settings: AuditSettings | None = None, *, tokenizer=None,
+          progress=None, **options) -> AuditResult:
     """Audit `target` with `draft` (a model, or a spec string built from the target). prompts: texts (with a
-    tokenizer) or token id lists. samples: per χ² test, None for auto (see `sampling_tests`). temperature/top_k/top_p: the user's sampling settings (tested beside T = 1
-    when they differ from it; temperature 0 tests greedy only)."""
+    tokenizer) or token id lists. settings: an `AuditSettings`; `options` (its field names, e.g. tokens=8,
+    samples=400) replace its fields."""
     import hfspec
 
-    check_options(tokens, samples, temperature, top_k, top_p, gamma, seed)
+    run = AuditSettings.of(settings, **options)
+    run.check()
     say = progress or (lambda message: None)
     began = time.perf_counter()
+    draft_name = run.draft_name
     if isinstance(draft, str):
         draft_name = draft_name or draft
         draft = hfspec.make_draft(target, draft)
     ids = [_ids(prompt, tokenizer) for prompt in prompts]
     if not ids:
         raise HfspecError("prompts: got none; allowed: one or more prompts")
-    say(f"greedy: {len(ids)} prompts x {tokens} tokens, generate vs hfspec…")
-    greedy = check_greedy(target, draft, ids, max_new_tokens=tokens, gamma=gamma)
-    result = AuditResult(target_name or type(target).__name__, draft_name or type(draft).__name__,
-                         str(dtype_of(target)).replace("torch.", ""), gamma, seed, greedy)
-    settings = [{"temperature": 1.0, "top_k": 0, "top_p": 1.0}]
-    user = {"temperature": float(temperature), "top_k": int(top_k or 0), "top_p": float(top_p or 1.0)}
-    if user["temperature"] > 0 and user != settings[0]:
-        settings.append(user)
+    say(f"greedy: {len(ids)} prompts x {run.tokens} tokens, generate vs hfspec…")
+    greedy = check_greedy(target, draft, ids, max_new_tokens=run.tokens, gamma=run.gamma)
+    result = AuditResult(run.target_name or type(target).__name__, draft_name or type(draft).__name__,
+                         str(dtype_of(target)).replace("torch.", ""), run.gamma, run.seed, greedy)
     contexts = [(row_ids + row.plain_tokens[:CONTEXT_SPAN], len(row_ids))
                 for row_ids, row in zip(ids, greedy.rows, strict=True)]
-    for index, setting in enumerate(settings):
+    for index, setting in enumerate(run.sampling_settings()):
         name = "T=1" if index == 0 else "your settings (" + _describe(setting) + ")"
-        say(f"sampling {name}: {samples or 'auto'} samples of the first {NEW} tokens…")
-        result.sampling += sampling_tests(target, draft, contexts, setting, samples=samples, gamma=gamma,
-                                          seed=seed + 1000 * index, threshold=threshold, name=name)
+        say(f"sampling {name}: {run.samples or 'auto'} samples of the first {NEW} tokens…")
+        result.sampling += sampling_tests(target, draft, contexts, setting, samples=run.samples, gamma=run.gamma,
+                                          seed=run.seed + 1000 * index, threshold=run.threshold, name=name)
     if all(not t.control for t in result.sampling):
         result.notes.append("control: not run (this draft kind has no forward to sample from alone)")
     result.seconds = time.perf_counter() - began
@@ -220,73 +238,6 @@ def sampling_tests(target, draft, contexts: list[tuple[list[int], int]], setting
     return tests
 
 
-class Cells:
-    """The χ² cells of the joint law of (t1, t2) and their probabilities under the plain law."""
-
-    def __init__(self, p1: torch.Tensor, p2: dict[int, torch.Tensor], samples: int):
-        self.samples = samples
-        self.firsts = p2
-        probs: dict = {}
-        for t1, cond in p2.items():
-            joint = p1[t1].double() * cond.double()
-            big = (samples * joint >= MIN_EXPECTED).nonzero().flatten().tolist()
-            for t2 in big:
-                probs[(t1, t2)] = float(joint[t2])
-            probs[(t1, None)] = max(0.0, float(p1[t1]) - sum(probs[(t1, t2)] for t2 in big))
-        probs[None] = max(0.0, 1.0 - float(sum(float(p1[t]) for t in p2)))
-        # pool every cell expected < 5 (and the pool into the smallest cell when it stays below 5)
-        self.pooled = {key for key, p in probs.items() if samples * p < MIN_EXPECTED}
-        self.probs = {key: p for key, p in probs.items() if key not in self.pooled}
-        pool = sum(probs[key] for key in self.pooled)
-        if pool > 0:
-            if samples * pool >= MIN_EXPECTED or not self.probs:
-                self.probs["pooled"] = pool
-            else:
-                smallest = min(self.probs, key=self.probs.get)
-                self.probs[smallest] += pool
-                self.pooled.add(smallest)
-                self.probs["pooled"] = self.probs.pop(smallest)
-
-    def key(self, t1: int, t2: int):
-        if t1 not in self.firsts:
-            key = None
-        elif (t1, t2) in self.probs or (t1, t2) in self.pooled:
-            key = (t1, t2)
-        else:
-            key = (t1, None)
-        return "pooled" if key in self.pooled else key
-
-    def test(self, drawn: list[tuple[int, int]], name: str, setting: dict, context: list[int], threshold: float,
-             control: bool = False) -> SamplingTest:
-        counts = Counter(self.key(t1, t2) for t1, t2 in drawn)
-        n = len(drawn)
-        keys = list(self.probs)
-        impossible = sum(c for k, c in counts.items() if k not in self.probs)  # outcomes of probability 0
-        statistic = sum((counts.get(k, 0) - n * self.probs[k]) ** 2 / (n * self.probs[k]) for k in keys)
-        statistic = math.inf if impossible else statistic
-        return SamplingTest(name, dict(setting), list(context), n, len(keys), statistic,
-                            chi2_sf(statistic, len(keys) - 1), threshold, control)
-
-    def power(self, q1: torch.Tensor, q2: dict[int, torch.Tensor], threshold: float) -> float:
-        """P(a draft-only sampler fails the test) at this sample size: non-centrality λ = n Σ (q − p)² / p over
-        the cells, the χ² statistic ~ non-central χ²(df, λ), in a normal approximation."""
-        q2 = {t1: law for t1, law in q2.items() if t1 in self.firsts}
-        q = dict.fromkeys(self.probs, 0.0)
-        others = float(q1.sum()) - sum(float(q1[t1]) for t1 in self.firsts)
-        masses = [(self.key(-1, -1), others)]
-        for t1, cond in q2.items():
-            joint = (float(q1[t1]) * cond.double()).tolist()
-            masses += [(self.key(t1, t2), mass) for t2, mass in enumerate(joint) if mass]
-        for key, mass in masses:
-            if key in q:  # mass on an outcome the target cannot produce only makes the control fail sooner
-                q[key] += mass
-        df = len(self.probs) - 1
-        lam = self.samples * sum((q[k] - p) ** 2 / p for k, p in self.probs.items())
-        critical = chi2_isf(threshold, df)
-        mean, sd = df + lam, math.sqrt(2 * (df + 2 * lam))
-        return 0.5 * math.erfc((critical - mean) / (sd * math.sqrt(2)))
-
-
 def choose_context(target, draft, contexts: list[tuple[list[int], int]], setting: dict, samples: int,
                    eos: list[int]) -> list[int]:
     """The context (a prompt plus 0..CONTEXT_SPAN greedy tokens) where the draft's first-token law is furthest
@@ -335,39 +286,6 @@ def draft_law(draft, ids: torch.Tensor, setting: dict, vocab: int, eos: list[int
         return None
     logits = fit_vocab(logits.float(), vocab)
     return _warp(logits[0] if every_position else logits[:, -1], setting, eos)
-
-
-def draft_only_samples(q1: torch.Tensor, q2: dict[int, torch.Tensor], samples: int, seed: int) -> list[tuple[int, int]]:
-    """The control: `samples` draws of (t1, t2) from the draft alone (t2 only where the test reads it)."""
-    generator = torch.Generator().manual_seed(seed)
-    firsts = torch.multinomial(q1.double(), samples, replacement=True, generator=generator).tolist()
-    drawn = []
-    for t1, count in Counter(firsts).items():
-        if t1 in q2:
-            seconds = torch.multinomial(q2[t1].double(), count, replacement=True, generator=generator).tolist()
-        else:
-            seconds = [-1] * count
-        drawn += [(t1, t2) for t2 in seconds]
-    return drawn
-
-
-def chi2_sf(statistic: float, df: int) -> float:
-    """P(χ²(df) ≥ statistic) (regularised upper incomplete gamma)."""
-    if math.isinf(statistic):
-        return 0.0
-    if df <= 0:
-        return 1.0
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
-                                         torch.tensor(statistic / 2, dtype=torch.float64)))
-
-
-def chi2_isf(p: float, df: int) -> float:
-    """The statistic whose upper tail is p (bisection on chi2_sf)."""
-    low, high = 0.0, max(1.0, df + 20.0 * math.sqrt(2 * max(df, 1)) + 100.0)
-    for _ in range(100):
-        mid = (low + high) / 2
-        low, high = (mid, high) if chi2_sf(mid, df) > p else (low, mid)
-    return (low + high) / 2
 
 
 def _warp(logits: torch.Tensor, setting: dict, eos: list[int]) -> torch.Tensor:
@@ -426,15 +344,17 @@ def run_command(args, progress=None) -> int:
     preset = RunSettings.from_preset(args.preset)
     target_source = args.target or preset.target
     spec = (args.draft or preset.draft).strip()
-    temperature = args.temperature if args.temperature is not None else preset.temperature
-    top_k = args.top_k if args.top_k is not None else preset.top_k
-    top_p = args.top_p if args.top_p is not None else preset.top_p
-    gamma = args.gamma if args.gamma is not None else (preset.gamma if preset.gamma != "auto" else 4)
-    seed = args.seed if args.seed is not None else preset.seed
+    settings = AuditSettings(
+        tokens=args.tokens, samples=args.samples,
+        temperature=args.temperature if args.temperature is not None else preset.temperature,
+        top_k=args.top_k if args.top_k is not None else preset.top_k,
+        top_p=args.top_p if args.top_p is not None else preset.top_p,
+        gamma=args.gamma if args.gamma is not None else (preset.gamma if preset.gamma != "auto" else 4),
+        seed=args.seed if args.seed is not None else preset.seed, target_name=target_source, draft_name=spec)
     prompts = list(args.prompts) if args.prompts else list(DEFAULT_PROMPTS)
     if any(not p.strip() for p in prompts):
         raise HfspecError("prompts: got an empty prompt; allowed: some text to continue")
-    check_options(args.tokens, args.samples, temperature, top_k, top_p, gamma, seed)
+    settings.check()
     parse_draft_spec(spec)
     if args.dtype:
         parse_dtype(args.dtype, role="target")
@@ -448,9 +368,7 @@ def run_command(args, progress=None) -> int:
         from hfspec.exactness import use_bitwise_verify
 
         use_bitwise_verify(target)
-    result = audit(target, draft, prompts, tokenizer=tokenizer, tokens=args.tokens, samples=args.samples,
-                   temperature=temperature, top_k=top_k, top_p=top_p, gamma=gamma, seed=seed, progress=progress,
-                   target_name=target_source, draft_name=spec)
+    result = audit(target, draft, prompts, settings, tokenizer=tokenizer, progress=progress)
     if args.bitwise_verify:
         result.notes.append("option: bitwise verify (row-wise attention for cached multi-token forwards, prompt "
                             "prefilled alone)")
