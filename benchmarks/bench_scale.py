@@ -155,26 +155,11 @@ def random_model(shape: dict, dtype):
 
 
 def step_timer(model, ids, context: int, width: int):
-    """A function timing one forward over ids[:, context:context+width] on a warm cache of `context` tokens."""
-    import torch
+    """bench_steps' timer of one forward over ids[:, context:context+width] on a warm cache (imported late: this
+    script's parent process stays free of torch)."""
+    from bench_steps import step_timer as timer
 
-    from hfspec import cache as kv
-
-    cache = kv.new_cache(model)
-    key = kv.cache_kwarg(model)
-    with torch.no_grad():
-        model(input_ids=ids[:, :context], use_cache=True, **{key: cache})
-    new, positions = ids[:, context:context + width], torch.arange(context, context + width)[None]
-
-    def once() -> float:
-        began = time.perf_counter()
-        with torch.no_grad():
-            model(input_ids=new, position_ids=positions, use_cache=True, logits_to_keep=width, **{key: cache})
-        elapsed = time.perf_counter() - began
-        kv.crop_to(cache, context)
-        return elapsed
-
-    return once
+    return timer(model, ids, context, width)
 
 
 def measure(args, name: str, shape: dict, dtype_name: str) -> dict:

@@ -2,8 +2,7 @@
 
 import pytest
 import torch
-from tiny_models import build, perturbed
-from transformers.generation.streamers import BaseStreamer
+from tiny_models import Collect, build, perturbed
 
 import hfspec
 from hfspec.errors import HfspecError
@@ -51,17 +50,6 @@ def test_never_more_than_max_new_tokens(pair, max_new):
     assert torch.equal(out.sequences, expected)
     sampled = hfspec.generate(target, PROMPT, draft=draft, gamma=8, temperature=1, max_new_tokens=max_new, seed=0)
     assert sampled.sequences.shape[1] <= 4 + max_new
-
-
-class Collect(BaseStreamer):
-    def __init__(self):
-        self.chunks, self.ended = [], False
-
-    def put(self, value):
-        self.chunks.append(value.flatten().tolist())
-
-    def end(self):
-        self.ended = True
 
 
 def test_streamer_receives_prompt_then_tokens_in_order(pair):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers.generation.streamers import BaseStreamer
+from tiny_models import Collect
 
 import hfspec
 from hfspec.cli import main
@@ -47,17 +47,6 @@ def _hub(model, ids, folder, **kwargs):
     kwargs.setdefault("max_new_tokens", N)
     kwargs.setdefault("min_new_tokens", kwargs["max_new_tokens"])
     return model.generate(ids, custom_generate=str(folder), trust_remote_code=True, **kwargs)
-
-
-class Collect(BaseStreamer):
-    def __init__(self):
-        self.chunks, self.ended = [], False
-
-    def put(self, value):
-        self.chunks.append(value.flatten().tolist())
-
-    def end(self):
-        self.ended = True
 
 
 def test_folder_layout_front_matter_and_requirements(folder):

@@ -17,6 +17,7 @@ from transformers import (
     Qwen2Config,
     Qwen2ForCausalLM,
 )
+from transformers.generation.streamers import BaseStreamer
 
 VOCAB = 96
 
@@ -116,3 +117,16 @@ def sharpen(model, factor: float):
             if getattr(norm, "bias", None) is not None:
                 norm.bias.mul_(factor)
     return model
+
+
+class Collect(BaseStreamer):
+    """A streamer that keeps what it is given: `chunks` (token lists, the prompt first) and whether it ended."""
+
+    def __init__(self):
+        self.chunks, self.ended = [], False
+
+    def put(self, value):
+        self.chunks.append(value.flatten().tolist())
+
+    def end(self):
+        self.ended = True
