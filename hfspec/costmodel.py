@@ -22,9 +22,11 @@ early exit, proposes long rounds where it is sure, which one rate per position w
 
 The one-token step t(1) is what a speculative run does not otherwise do after its prefill. It comes, in this
 order, from a plain run timed beside the speculative one (`SpecStats.attach_baseline`: the session and the sweep
-time one for the measured speed-up anyway), from the run's own one-position rounds (γ = 0 rounds), or from
-`ONE_TOKEN_TIMINGS` one-token target passes made after the run, outside its timed total
-(`time_one_token_steps`). Without any of them the verify pass is taken to cost a step (`Prediction.source`
+time one for the measured speed-up anyway), from the run's own one-position rounds (γ = 0 rounds) when it
+had two or more, or from `ONE_TOKEN_TIMINGS` one-token target passes made after the run, outside its timed total,
+pooled with its one-position rounds
+(`time_one_token_steps`; only a target's first few runs at a thread count and context size pay for them, later
+ones reuse their mean). Without any of them the verify pass is taken to cost a step (`Prediction.source`
 says so).
 """
 
@@ -127,11 +129,16 @@ class CostModel:
             step, step_weight = plain.width_seconds[1] / plain_widths[1], float(plain_widths[1])
             source = "plain run timed beside it"
             widths = [w for w in widths if w[0] != 1]
+        elif record.steps:  # timed passes, pooled with the run's own one-position rounds if it had any
+            has_ones = len(record.width_rounds) > 1 and record.width_rounds[1]
+            rounds, seconds = (record.width_rounds[1], record.width_seconds[1]) if has_ones else (0, 0.0)
+            step, step_weight = (seconds + record.step_seconds) / (rounds + record.steps), float(rounds + record.steps)
+            widths = [w for w in widths if w[0] != 1]
+            source = ("one-token passes timed after earlier runs of this target" if record.steps_reused
+                      else "one-token passes timed after the run")
+            source = f"the run's one-position rounds and {source}" if rounds else source
         elif any(n == 1 for n, _, _ in widths):
             source = "the run's one-position rounds"
-        elif record.steps:
-            step, step_weight = record.step_seconds / record.steps, float(record.steps)
-            source = "one-token passes timed after the run"
         points = widths + ([(1, step, step_weight)] if step is not None else [])
         a, b = _line(points)
         if len({n for n, _, _ in points}) < 2:

@@ -3,16 +3,22 @@
 A round's seconds are split by what it did: the target pass (indexed by its width, positions per row), the
 draft's forwards, and the time outside forwards (indexed by the draft tokens proposed), with the parts of that
 outside time spent picking draft tokens and scoring the target's positions; round 0, the prompt's prefill, is
-kept apart. `time_one_token_steps` times one-token target passes after a run that had none of its own. The
-model fitted to these records, and its predictions, are `hfspec.costmodel`'s.
+kept apart. `time_one_token_steps` times one-token target passes after a run that had none of its own, for the
+first `TIMED_RUNS` such runs of a target at a thread count and context size; later runs reuse those timings and
+cost nothing extra. The model fitted to these records, and its predictions, are `hfspec.costmodel`'s.
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import asdict, dataclass, field, fields
 
+import torch
+
 ONE_TOKEN_TIMINGS = 2  # one-token target passes timed after a run that had none of its own
+TIMED_RUNS = 3  # runs of a target (per thread count and context size) that time them; later runs reuse the mean
+_STEP_TIMINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {(threads, context): [s, n, runs]}
 
 
 @dataclass
@@ -38,7 +44,8 @@ class CostRecord:
     (the part of the outside time spent turning draft logits into tokens, which grows with k),
     `gamma_score_seconds` (the part spent scoring and verifying the k + 1 target positions), `gamma_accepted`
     (draft tokens accepted, summed over rows).
-    `step_seconds` / `steps`: one-token target passes timed after the run (outside its total time).
+    `step_seconds` / `steps`: one-token target passes timed after the run (outside its total time), or, when
+    `steps_reused` (of them) is set, the mean of earlier runs' timings of the same target reused.
     """
 
     width_rounds: list[int] = field(default_factory=list)
@@ -57,6 +64,7 @@ class CostRecord:
     prefill_other_seconds: float = 0.0
     step_seconds: float = 0.0
     steps: int = 0
+    steps_reused: int = 0
 
     def record(self, k: int, width: int, rows: int, seconds: RoundSeconds, *, prefill: bool,
                accepted: int = 0) -> None:
@@ -173,14 +181,24 @@ class RoundMeter:
 
 def time_one_token_steps(record: CostRecord, target_runner, slots, count: int = ONE_TOKEN_TIMINGS) -> None:
     """After a run: time `count` one-token target passes over the last committed token (which the target has
-    not seen), rolling back after each, unless the run already had one-position rounds. The target's seconds and
-    forwards counters are left as they were, and the caller's total time excludes this."""
-    if len(record.width_rounds) > 1 and record.width_rounds[1] > 0:
+    not seen), rolling back after each, unless the run already had `count` one-position rounds of its own. The
+    target's seconds and forwards counters are left as they were, and the caller's total time excludes this.
+
+    A target's first `TIMED_RUNS` runs at a thread count and context size (rounded up to a power of two) time
+    the passes; later ones record the mean of those timings as `steps_reused` and run no extra pass."""
+    if len(record.width_rounds) > 1 and record.width_rounds[1] >= count:
         return
     cached = getattr(target_runner, "cached", None)
     if cached is None or cached != slots.size - 1 or slots.size < 1:
         return
+    memo = _timings(getattr(target_runner, "model", None), slots.size)
+    if memo is not None and memo[2] >= TIMED_RUNS:
+        record.step_seconds += memo[0] / memo[1] * count
+        record.steps += count
+        record.steps_reused += count
+        return
     saved = (target_runner.seconds, target_runner.forwards, target_runner.positions_fed)
+    began_all = record.step_seconds
     for _ in range(count):
         began = time.perf_counter()
         target_runner.feed(slots.tokens, slots.positions, slots.valid, slots.size, 1, slots.all_valid)
@@ -188,3 +206,18 @@ def time_one_token_steps(record: CostRecord, target_runner, slots, count: int = 
         record.steps += 1
         target_runner.rollback(slots.size - 1)
     target_runner.seconds, target_runner.forwards, target_runner.positions_fed = saved
+    if memo is not None:
+        memo[0] += record.step_seconds - began_all
+        memo[1] += count
+        memo[2] += 1
+
+
+def _timings(model, context: int) -> list | None:
+    """The memo [seconds, passes, runs] of `model`'s one-token timings at this thread count and context size."""
+    if model is None:
+        return None
+    try:
+        table = _STEP_TIMINGS.setdefault(model, {})
+    except TypeError:  # not weak-referenceable: time every run
+        return None
+    return table.setdefault((torch.get_num_threads(), max(1, context - 1).bit_length()), [0.0, 0, 0])

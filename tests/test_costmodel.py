@@ -199,8 +199,9 @@ def test_a_run_records_its_rounds():
     assert sum(k * r for k, r in enumerate(c.gamma_rounds)) + c.prefill_gamma == s.proposed
     # the live callback's sleep is not part of any round's time outside forwards
     assert max(o / r for o, r in zip(c.gamma_other_seconds, c.gamma_rounds, strict=False) if r) < 0.2
-    # the one-token timing passes happen only when no round was one position wide, outside the run's time
-    if len(c.width_rounds) > 1 and c.width_rounds[1]:
+    # the one-token timing passes happen only when fewer than two rounds were one position wide, outside the
+    # run's time
+    if len(c.width_rounds) > 1 and c.width_rounds[1] >= 2:
         assert c.steps == 0
     else:
         assert c.steps == 2 and c.step_seconds > 0
@@ -210,3 +211,37 @@ def test_a_run_records_its_rounds():
     assert plain.costs.steps == 0 and plain.costs.gamma_rounds == [plain.target_passes - 1]
     s.attach_baseline(plain)
     assert s.prediction.source == "plain run timed beside it"
+
+
+def test_one_token_timings_are_reused_after_a_targets_first_runs():
+    """Only a target's first TIMED_RUNS runs pay for the cost model's one-token passes: later runs make no extra
+    forward and record the mean of those timings; another thread count times again."""
+    from hfspec.costrecord import TIMED_RUNS
+
+    target = build("llama", init=0.2)
+    draft = perturbed(target, scale=0.3)
+    ids = torch.tensor([[0, 5, 17, 33]])
+    calls = []
+    target.register_forward_hook(lambda *a: calls.append(1))
+
+    def run():
+        calls.clear()
+        stats = hfspec.generate(target, ids, draft=draft, gamma=3, max_new_tokens=24).stats
+        c = stats.costs
+        assert len(calls) == stats.target_passes + c.steps - c.steps_reused  # the reused timings cost no forward
+        return c, stats
+
+    timed = [run()[0] for _ in range(TIMED_RUNS)]
+    assert all(c.steps == 2 and c.steps_reused == 0 for c in timed)
+    later, stats = run()
+    assert later.steps == later.steps_reused == 2
+    assert later.step_seconds == pytest.approx(sum(c.step_seconds for c in timed) / TIMED_RUNS)
+    assert CostModel.fit(later).step == pytest.approx(  # pooled with the run's own one-position rounds
+        (later.step_seconds + later.width_seconds[1]) / (2 + later.width_rounds[1]))
+    assert stats.prediction.source.endswith("one-token passes timed after earlier runs of this target")
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1 if threads > 1 else 2)
+        assert run()[0].steps_reused == 0
+    finally:
+        torch.set_num_threads(threads)
