@@ -47,6 +47,9 @@ def stats_lines(stats: SpecStats, baseline=None, measured_speedup: float | None 
         f"tokens per target pass   {s.tokens_per_pass:.2f} (formula {s.expected_tokens_per_pass:.2f})",
         f"accepted by position     {_ratios(s.accepted_by_position, s.checked_by_position)}",
         f"accepted length hist     {s.accepted_length_hist}",
+        *([f"tree leaves              {s.tree_leaves} scored, {s.tree_kept} siblings kept "
+           f"({s.tree_kept / s.tree_leaves:.0%} of leaves, {s.tree_kept / max(1, s.target_passes):.2f} per pass)"]
+          if s.tree_leaves else []),
         f"c (time)                 {s.c_time:.3f}  (mean draft forward / mean target forward, measured)",
         f"c (bytes)                {s.c_bytes:.3f}  ({s.draft_bytes / 1e6:.2f} MB / {s.target_bytes / 1e6:.2f} MB)",
         f"estimated speed-up       {_estimate(s, measurement):.2f}× (cost model: {_source(s, measurement)}); "

@@ -206,3 +206,18 @@ def test_leaf_cost_fits_the_verify_slope_and_decides(per_position, pays):
     assert cost.per_position() == pytest.approx(per_position, rel=1e-6)
     cost.rounds = 4 * cost.EXPLORE + 1  # not a warm-up or exploring round
     assert cost.pays() is pays
+
+
+def test_the_run_report_shows_the_trees_leaves():
+    from hfspec import report
+
+    target = build("llama", init=0.2)
+    draft = perturbed(target, scale=1.0)
+    out = hfspec.generate(target, torch.tensor([[0, 5, 17, 33]]), draft=draft, gamma=3, temperature=1.0, seed=0,
+                          max_new_tokens=40, tree=3)
+    s = out.stats
+    assert s.tree_leaves > 0
+    line = next(row for row in report.stats_lines(s) if row.startswith("tree leaves"))
+    assert f"{s.tree_leaves} scored, {s.tree_kept} siblings kept" in line
+    chain = hfspec.generate(target, torch.tensor([[0, 5, 17, 33]]), draft=draft, gamma=3, max_new_tokens=8).stats
+    assert not any(row.startswith("tree leaves") for row in report.stats_lines(chain))

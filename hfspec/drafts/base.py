@@ -121,17 +121,20 @@ class ModelDraft:
 
 
 def as_draft(model, vocab: int | None = None) -> Draft:
-    """The `Draft` for a draft model: its own (`model.hfspec_draft(vocab)`) when it has one, else the HF forward
-    with a KV cache. None gives plain decoding."""
+    """The `Draft` for a draft model: its own (`model.hfspec_draft(vocab)`) when it has one, else the lean step
+    of its float weights when its family allows (`hfspec.drafts.lean.lean_step_of`), else the HF forward with a
+    KV cache. None gives plain decoding."""
     if model is None:
         return NoDraft()
     own = getattr(model, "hfspec_draft", None)
     if callable(own):
         return own(vocab)
+    from hfspec.drafts.lean import LeanRunner, lean_step_of
     from hfspec.kv_model import CachedModel
     from hfspec.validate import vocab_size
 
     # A padded target can write ids the draft has no row for: the draft reads a stand-in (its last row), which
     # changes only what it proposes, never what is accepted.
     rows = vocab_size(model) if vocab is not None else None
-    return ModelDraft(CachedModel(model), vocab, rows)
+    lean = lean_step_of(model)  # a sibling of a family the lean step reads runs that step, not the HF forward
+    return ModelDraft(LeanRunner(lean) if lean is not None else CachedModel(model), vocab, rows)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import time
+import weakref
 from types import SimpleNamespace
 
 import torch
@@ -304,6 +305,38 @@ class LeanRunner(CachedModel):
     def _run(self, tokens, positions, valid, start: int, end: int, keep: int, all_valid: bool) -> torch.Tensor:
         return self.model.logits(tokens[:, start:end], positions[:, start:end],
                                  None if all_valid else valid[:, :end], self.cache, keep)
+
+
+_LEAN_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # HF draft model -> (weights key, LeanDecoder)
+
+
+def lean_step_of(model: nn.Module) -> LeanDecoder | None:
+    """The lean step of an HF draft model's own float weights (a smaller sibling of the target), or None where
+    it cannot run one: another family (`lean_reason`), weights that are not plain CPU `nn.Linear`s (bitsandbytes,
+    swapped quantised modules, accelerate offload), or `model.hfspec_lean_step = False` (opt out).
+
+    Built once per model and rebuilt when its parameters change (storage or in-place version). A sibling runs a
+    third to a half of the HF forward's operators per token (`benchmarks/bench_sibling.py`); the price is memory:
+    the fused QKV and gate/up matrices are copies (the rest, embedding and head included, share the model's
+    tensors), about two thirds of the sibling's layer weights again."""
+    if getattr(model, "hfspec_lean_step", True) is False or not isinstance(model, nn.Module):
+        return None
+    params = list(model.parameters())
+    if not params or any(p.device.type != "cpu" or p.is_meta for p in params) or lean_reason(model) is not None:
+        return None
+    key = tuple((p.data_ptr(), p._version) for p in params)
+    try:
+        known = _LEAN_STEPS.get(model)
+    except TypeError:  # not weak-referenceable
+        return None
+    if known is not None and known[0] == key:
+        return known[1]
+    try:
+        lean = LeanDecoder(model, bits=None)
+    except (ValueError, _Unsupported):
+        return None
+    _LEAN_STEPS[model] = (key, lean)
+    return lean
 
 
 def _built_blocks(layers, bits: int | None, group_size: int, progress) -> list[_Block]:

@@ -1,0 +1,133 @@
+"""Sibling drafts: the HF forward of the smaller model vs hfspec's lean step of its float weights (what
+`hfspec.generate` now runs for a sibling of a family the lean step reads), side by side.
+
+    python benchmarks/bench_sibling.py                                  # micro/nano + the shape pairs below
+    python benchmarks/bench_sibling.py --pairs micro-nano --repeats 5   # the embedded pair only
+
+Per pair and dtype: one decode step on a warm cache of `--context` tokens for the target (1 token and γ + 1),
+the sibling's HF forward and its lean step (methods interleaved, medians), c = sibling step / target step, and
+the speed-up the cost model's round price predicts at the α given (E[tokens] / (verify + γ·c)). For the
+embedded micro/nano pair (real weights) also end to end: `hfspec.generate` with the sibling's lean step and
+with its HF forward (`hfspec_lean_step = False`) beside plain `generate`, interleaved, median of `--repeats`.
+Shape pairs use random weights of the real shapes (../shared/models/shapes.json, or bench_scale's built-in
+copy): cost depends on shapes, not values, and α on random weights means nothing, so the α used is `--alpha`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from bench_scale import DEFAULT_SHAPES_FILE, load_shapes, random_model
+from bench_steps import step_timer
+
+import hfspec
+from hfspec.drafts.lean import lean_step_of
+
+REPO = Path(__file__).resolve().parents[1]
+PAIRS = {"micro-nano": None, "smollm2-360m/135m": ("smollm2-360m", "smollm2-135m"),
+         "qwen2.5-1.5b/0.5b": ("qwen2.5-1.5b", "qwen2.5-0.5b")}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pairs", default="micro-nano,smollm2-360m/135m", help=f"comma-separated: {', '.join(PAIRS)}")
+    p.add_argument("--dtypes", default="float32,bfloat16")
+    p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--alpha", type=float, default=0.7, help="acceptance rate for the shape pairs' prediction")
+    p.add_argument("--context", type=int, default=64)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--repeats", type=int, default=3, help="end-to-end pairs of runs (micro/nano)")
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--shapes-file", default=str(DEFAULT_SHAPES_FILE))
+    return p.parse_args(argv)
+
+
+def predicted(alpha: float, gamma: int, verify: float, c: float) -> float:
+    tokens = (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    return tokens / (verify + gamma * c)
+
+
+def step_costs(args, target, sibling) -> dict:
+    vocab = target.config.vocab_size
+    ids = torch.randint(0, vocab, (1, args.context + args.gamma + 1), generator=torch.Generator().manual_seed(0))
+    lean = lean_step_of(sibling)
+    if lean is None:
+        raise SystemExit(f"{type(sibling).__name__}: no lean step for this sibling")
+    timers = {"t1": step_timer(target, ids, args.context, 1), "tv": step_timer(target, ids, args.context, args.gamma + 1),
+              "hf": step_timer(sibling, ids, args.context, 1), "lean": step_timer(lean, ids, args.context, 1)}
+    for t in timers.values():
+        t(), t()
+    samples = {k: [] for k in timers}
+    for _ in range(args.steps):
+        for k, t in timers.items():
+            samples[k].append(t())
+    return {k: statistics.median(v) * 1e3 for k, v in samples.items()}
+
+
+def end_to_end(args, target, sibling, ids, dtype) -> dict:
+    kw = dict(max_new_tokens=96, min_new_tokens=96)
+    sample = dict(temperature=1.0, seed=21)
+    times = {"plain": [], "lean": [], "hf": []}
+    stats = {}
+    for _ in range(args.repeats):
+        began = time.perf_counter()
+        torch.manual_seed(21)
+        target.generate(ids, do_sample=True, temperature=1.0, top_k=0, **kw)
+        times["plain"].append(time.perf_counter() - began)
+        for method in ("lean", "hf"):
+            sibling.hfspec_lean_step = method == "lean"
+            began = time.perf_counter()
+            out = hfspec.generate(target, ids, draft=sibling, gamma=args.gamma, **sample, **kw)
+            times[method].append(time.perf_counter() - began)
+            stats[method] = out.stats
+    sibling.hfspec_lean_step = True
+    plain = statistics.median(times["plain"])
+    return {m: (plain / statistics.median(times[m]), stats[m]) for m in ("lean", "hf")}
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    shapes, source = load_shapes(args.shapes_file)
+    load = f"{__import__('os').getloadavg()[0]:.2f}"
+    print(f"<!-- threads {args.threads}, context {args.context}, γ {args.gamma}, median of {args.steps} interleaved "
+          f"steps; shapes from {source}; load average at start {load} -->")
+    print("| pair | dtype | target 1 token ms | verify / step | sibling HF forward ms | c (HF) | sibling lean ms "
+          "| c (lean) | predicted × HF → lean (α) | end to end × HF → lean (α measured) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for pair in args.pairs.split(","):
+        if pair not in PAIRS:
+            raise SystemExit(f"--pairs: unknown {pair!r}; allowed: {', '.join(PAIRS)}")
+        for dtype_name in args.dtypes.split(","):
+            dtype = getattr(torch, dtype_name)
+            ids, alpha, e2e = None, args.alpha, "–"
+            if PAIRS[pair] is None:
+                from transformers import AutoModelForCausalLM, AutoTokenizer
+                folder = REPO / "presets" / "models"
+                target = AutoModelForCausalLM.from_pretrained(folder / "micro", dtype=dtype).eval()
+                sibling = AutoModelForCausalLM.from_pretrained(folder / "nano", dtype=dtype).eval()
+                ids = AutoTokenizer.from_pretrained(folder / "micro")("The attention", return_tensors="pt").input_ids
+            else:
+                big, small = PAIRS[pair]
+                target, sibling = random_model(shapes[big], dtype), random_model(shapes[small], dtype)
+            ms = step_costs(args, target, sibling)
+            verify, c_hf, c_lean = ms["tv"] / ms["t1"], ms["hf"] / ms["t1"], ms["lean"] / ms["t1"]
+            if ids is not None:
+                runs = end_to_end(args, target, sibling, ids, dtype)
+                s = runs["lean"][1]
+                alpha = s.accepted / max(1, s.checked)
+                e2e = f"{runs['hf'][0]:.2f} → {runs['lean'][0]:.2f} ({alpha:.2f})"
+            print(f"| {pair} | {dtype_name} | {ms['t1']:.1f} | {verify:.2f} | {ms['hf']:.2f} | {c_hf:.2f} "
+                  f"| {ms['lean']:.2f} | {c_lean:.2f} | {predicted(alpha, args.gamma, verify, c_hf):.2f} → "
+                  f"{predicted(alpha, args.gamma, verify, c_lean):.2f} ({alpha:.2f}) | {e2e} |", flush=True)
+            del target, sibling
+    print(f"<!-- load average at the end {__import__('os').getloadavg()[0]:.2f} -->")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
