@@ -1,6 +1,7 @@
 """Plain `generate`, HF assisted generation (same γ, constant schedule) and hfspec on the same pair.
 
     python benchmarks/bench_engine.py --models stories260K,smollm2 --draft rtn4 --gamma 4
+    python benchmarks/bench_engine.py --models micro,smollm2 --draft rtn4,rtn4-compiled --dtypes float32,bfloat16
 
 Reports tokens/s and ratios measured side by side in one process (methods interleaved per repeat), and the
 share of hfspec's time spent outside model forwards.
@@ -21,22 +22,26 @@ def main() -> None:
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--temperatures", default="0,1")
     p.add_argument("--prompt", default="Once upon a time")
+    p.add_argument("--dtypes", default="float32", help="comma-separated dtypes the target is loaded in")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    print("| model | draft | T | plain tok/s | HF assisted tok/s | hfspec tok/s | hfspec / plain | hfspec / assisted "
+    print(f"<!-- threads {args.threads}, {args.max_new_tokens} tokens, γ {args.gamma}, median of {args.repeats} "
+          f"interleaved repeats, load average at start {__import__('os').getloadavg()[0]:.2f} -->")
+    print("| model | dtype | draft | T | plain tok/s | HF assisted tok/s | hfspec tok/s | hfspec / plain | hfspec / assisted "
           "| α | time outside forwards |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for name, folder in model_folders(args).items():
-        target, tokenizer = load(folder)
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for (name, folder), dtype in ((m, d) for m in model_folders(args).items() for d in args.dtypes.split(",")):
+        target, tokenizer = load(folder, dtype)
         drafts = {spec: hfspec.make_draft(target, spec) for spec in args.draft.split(",")}
         ids = prompt_ids(tokenizer, args.prompt)
         for temperature, (spec, draft) in ((float(t), d) for t in args.temperatures.split(",") for d in drafts.items()):
             r = compare_methods(target, draft, ids, gamma=args.gamma, temperature=temperature,
                                 max_new_tokens=args.max_new_tokens, repeats=args.repeats, seed=args.seed)
             tps = r["tokens_per_second"]
-            print(f"| {name} | {spec} | {temperature:g} | {tps['plain generate']:.1f} | {tps['HF assisted']:.1f} "
+            print(f"| {name} | {dtype} | {spec} | {temperature:g} | {tps['plain generate']:.1f} | {tps['HF assisted']:.1f} "
                   f"| {tps['hfspec']:.1f} | {r['speedup_vs_plain']['hfspec']:.2f}× | {r['hfspec_vs_assisted']:.2f}× "
                   f"| {r['alpha']:.3f} | {r['hfspec_time_split']['other']:.1%} |", flush=True)
+    print(f"<!-- load average at the end {__import__('os').getloadavg()[0]:.2f} -->")
 
 
 if __name__ == "__main__":

@@ -40,11 +40,11 @@ def model_folders(args) -> dict[str, Path]:
     return out
 
 
-def load(path: Path):
+def load(path: Path, dtype: str = "float32"):
     from hfspec.loading import load_model, load_tokenizer
 
     torch.manual_seed(0)
-    return load_model(str(path), dtype="float32", progress=False), load_tokenizer(str(path))
+    return load_model(str(path), dtype=dtype, progress=False), load_tokenizer(str(path))
 
 
 def prompt_ids(tokenizer, text: str = "Once upon a time") -> torch.Tensor:
