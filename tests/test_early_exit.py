@@ -1,11 +1,9 @@
 """Draft-side early exit (hfspec.early_exit): greedy text unchanged, the target's law unchanged (chi-square, with
 a negative control that stops on the drawn token's own probability), costs and calibration as documented."""
 
-import itertools
-
+import laws
 import pytest
 import torch
-from scipy.stats import chisquare
 from test_distribution import V, exact_law, p_value, run
 from test_distribution import pair as distribution_pair  # noqa: F401  (fixture)
 from tiny_models import build, perturbed
@@ -91,24 +89,11 @@ def single_runs(target, draft, prompt, exit_cls):
 
 
 def two_token_p_value(samples, law3) -> float:
+    """χ² of the two-token outcomes against the first two tokens' marginal of the three-token law (`laws`)."""
     law = {}
     for cell, p in law3.items():
         law[cell[:2]] = law.get(cell[:2], 0.0) + p
-    counts = {}
-    for s in samples:
-        counts[s] = counts.get(s, 0) + 1
-    observed, expected, pool_o, pool_e = [], [], 0, 0.0
-    for cell in itertools.product(range(V), repeat=2):
-        e, o = law.get(cell, 0.0) * len(samples), counts.get(cell, 0)
-        if e < 5:
-            pool_o, pool_e = pool_o + o, pool_e + e
-        else:
-            observed.append(o)
-            expected.append(e)
-    observed.append(pool_o)
-    expected.append(pool_e)
-    scale = sum(observed) / sum(expected)
-    return chisquare(observed, [e * scale for e in expected]).pvalue
+    return laws.p_value(torch.tensor(samples), law, V, 2)
 
 
 @pytest.mark.slow
