@@ -107,6 +107,25 @@ def test_length_processors_match_transformers_position_by_position():
     assert bool((got[:, :, 1] == NEG).any()) and bool((got[:, :, 1] > NEG).any())  # both sides of the limits
 
 
+def test_length_processors_while_every_position_is_short_take_one_op_and_match_transformers():
+    vocab = 50
+    procs = [lp.MinNewTokensLengthLogitsProcessor(4, 20, [1, 7, 99]), lp.MinLengthLogitsProcessor(30, 3),
+             lp.TemperatureLogitsWarper(0.7)]
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, 4, vocab, generator=g)
+    extra = torch.randint(0, vocab, (3, 3), generator=g)
+    history = [(torch.tensor([0, 1, 2]), torch.randint(0, vocab, (3, 6), generator=g))]
+    expected = torch.empty_like(logits)
+    for j in range(4):
+        context = torch.cat([history[0][1], extra[:, :j]], dim=1)
+        expected[:, j] = lp.LogitsProcessorList(procs)(context, logits[:, j].clone())
+    with Outputs() as ops:
+        got = Scorer(procs, True, vocab).scores(history, extra, logits)
+    assert torch.equal(got, expected)
+    assert bool((got[:, :, [1, 3, 7]] == NEG).all())
+    assert any("index_fill" in name for name, *_ in ops.seen) and not any("clone" in name for name, *_ in ops.seen)
+
+
 @pytest.mark.parametrize("gamma", [0, 1, 3])
 def test_verify_without_q_is_verify_with_one_hot_q(gamma):
     g = torch.Generator().manual_seed(gamma)
