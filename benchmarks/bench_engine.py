@@ -9,6 +9,8 @@ share of hfspec's time spent outside model forwards.
 
 from __future__ import annotations
 
+import os
+
 import torch
 from common import load, model_folders, parser, prompt_ids
 
@@ -26,7 +28,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     print(f"<!-- threads {args.threads}, {args.max_new_tokens} tokens, γ {args.gamma}, median of {args.repeats} "
-          f"interleaved repeats, load average at start {__import__('os').getloadavg()[0]:.2f} -->")
+          f"interleaved repeats, load average at start {os.getloadavg()[0]:.2f} -->")
     print("| model | dtype | draft | T | plain tok/s | HF assisted tok/s | hfspec tok/s | hfspec / plain | hfspec / assisted "
           "| α | time outside forwards |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -41,7 +43,7 @@ def main() -> None:
             print(f"| {name} | {dtype} | {spec} | {temperature:g} | {tps['plain generate']:.1f} | {tps['HF assisted']:.1f} "
                   f"| {tps['hfspec']:.1f} | {r['speedup_vs_plain']['hfspec']:.2f}× | {r['hfspec_vs_assisted']:.2f}× "
                   f"| {r['alpha']:.3f} | {r['hfspec_time_split']['other']:.1%} |", flush=True)
-    print(f"<!-- load average at the end {__import__('os').getloadavg()[0]:.2f} -->")
+    print(f"<!-- load average at the end {os.getloadavg()[0]:.2f} -->")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ copy): cost depends on shapes, not values, and α on random weights means nothin
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -26,6 +27,7 @@ from bench_scale import DEFAULT_SHAPES_FILE, load_shapes, random_model
 from bench_steps import step_timer
 
 import hfspec
+from hfspec.costmodel import expected_tokens
 from hfspec.drafts.lean import lean_step_of
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,8 +50,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def predicted(alpha: float, gamma: int, verify: float, c: float) -> float:
-    tokens = (1 - alpha ** (gamma + 1)) / (1 - alpha)
-    return tokens / (verify + gamma * c)
+    return expected_tokens(gamma, lambda j: alpha) / (verify + gamma * c)
 
 
 def step_costs(args, target, sibling) -> dict:
@@ -69,7 +70,7 @@ def step_costs(args, target, sibling) -> dict:
     return {k: statistics.median(v) * 1e3 for k, v in samples.items()}
 
 
-def end_to_end(args, target, sibling, ids, dtype) -> dict:
+def end_to_end(args, target, sibling, ids) -> dict:
     kw = dict(max_new_tokens=96, min_new_tokens=96)
     sample = dict(temperature=1.0, seed=21)
     times = {"plain": [], "lean": [], "hf": []}
@@ -94,7 +95,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     shapes, source = load_shapes(args.shapes_file)
-    load = f"{__import__('os').getloadavg()[0]:.2f}"
+    load = f"{os.getloadavg()[0]:.2f}"
     print(f"<!-- threads {args.threads}, context {args.context}, γ {args.gamma}, median of {args.steps} interleaved "
           f"steps; shapes from {source}; load average at start {load} -->")
     print("| pair | dtype | target 1 token ms | verify / step | sibling HF forward ms | c (HF) | sibling lean ms "
@@ -118,7 +119,7 @@ def main(argv=None) -> None:
             ms = step_costs(args, target, sibling)
             verify, c_hf, c_lean = ms["tv"] / ms["t1"], ms["hf"] / ms["t1"], ms["lean"] / ms["t1"]
             if ids is not None:
-                runs = end_to_end(args, target, sibling, ids, dtype)
+                runs = end_to_end(args, target, sibling, ids)
                 s = runs["lean"][1]
                 alpha = s.accepted / max(1, s.checked)
                 e2e = f"{runs['hf'][0]:.2f} → {runs['lean'][0]:.2f} ({alpha:.2f})"
@@ -126,7 +127,7 @@ def main(argv=None) -> None:
                   f"| {ms['lean']:.2f} | {c_lean:.2f} | {predicted(alpha, args.gamma, verify, c_hf):.2f} → "
                   f"{predicted(alpha, args.gamma, verify, c_lean):.2f} ({alpha:.2f}) | {e2e} |", flush=True)
             del target, sibling
-    print(f"<!-- load average at the end {__import__('os').getloadavg()[0]:.2f} -->")
+    print(f"<!-- load average at the end {os.getloadavg()[0]:.2f} -->")
 
 
 if __name__ == "__main__":

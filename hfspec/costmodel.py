@@ -24,9 +24,8 @@ The one-token step t(1) is what a speculative run does not otherwise do after it
 order, from a plain run timed beside the speculative one (`SpecStats.attach_baseline`: the session and the sweep
 time one for the measured speed-up anyway), from the run's own one-position rounds (γ = 0 rounds) when it
 had two or more, or from `ONE_TOKEN_TIMINGS` one-token target passes made after the run, outside its timed total,
-pooled with its one-position rounds
-(`time_one_token_steps`; only a target's first few runs at a thread count and context size pay for them, later
-ones reuse their mean). Without any of them the verify pass is taken to cost a step (`Prediction.source`
+pooled with its one-position rounds (`time_one_token_steps`; only a target's first few runs at a thread count and
+context size pay for them, later ones reuse their mean). Without any of them the verify pass is taken to cost a step (`Prediction.source`
 says so).
 """
 

@@ -3,8 +3,8 @@
 A round's seconds are split by what it did: the target pass (indexed by its width, positions per row), the
 draft's forwards, and the time outside forwards (indexed by the draft tokens proposed), with the parts of that
 outside time spent picking draft tokens and scoring the target's positions; round 0, the prompt's prefill, is
-kept apart. `time_one_token_steps` times one-token target passes after a run that had none of its own, for the
-first `TIMED_RUNS` such runs of a target at a thread count and context size; later runs reuse those timings and
+kept apart. `time_one_token_steps` times one-token target passes after a run with fewer than two of its own, for
+the first `TIMED_RUNS` such runs of a target at a thread count and context size; later runs reuse those timings and
 cost nothing extra. The model fitted to these records, and its predictions, are `hfspec.costmodel`'s.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
-ONE_TOKEN_TIMINGS = 2  # one-token target passes timed after a run that had none of its own
+ONE_TOKEN_TIMINGS = 2  # one-token target passes timed after a run that had fewer of its own
 TIMED_RUNS = 3  # runs of a target (per thread count and context size) that time them; later runs reuse the mean
 _STEP_TIMINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {(threads, context): [s, n, runs]}
 

@@ -137,13 +137,12 @@ def _forbid_eos_while_short(limits: list, history: list, scores: torch.Tensor) -
     context is shorter than the limit), for every position at once: the context at position j is L + j long,
     so a prefix of positions is short. Writes only the EOS columns, into one copy, and only when needed."""
     out = None
-    batch, k = scores.shape[0], scores.shape[1]
-    if len(history) == 1 and history[0][0].numel() == batch:  # one group of every row: often all short at once
-        shortest = min(min(k, limit - history[0][1].shape[1]) for limit, eos in limits if eos.numel()) \
-            if any(eos.numel() for _, eos in limits) else 0
-        if shortest >= k:  # every position of every row is short: one op instead of a copy and a scatter
-            eos = torch.cat([eos for _, eos in limits]).to(scores.device)
-            return scores.index_fill(-1, eos, -float("inf"))
+    k = scores.shape[1]
+    active = [(limit, eos) for limit, eos in limits if eos.numel()]
+    if active and len(history) == 1 and history[0][0].numel() == scores.shape[0]:
+        length = history[0][1].shape[1]  # one group holding every row
+        if all(limit - length >= k for limit, _ in active):  # every position short: one filled copy, no scatter
+            return scores.index_fill(-1, torch.cat([eos for _, eos in active]).to(scores.device), -float("inf"))
     for rows, ids in history:
         for limit, eos in limits:
             short = min(k, limit - ids.shape[1])  # positions j < limit − L are short

@@ -322,19 +322,21 @@ def lean_step_of(model: nn.Module) -> LeanDecoder | None:
     if getattr(model, "hfspec_lean_step", True) is False or not isinstance(model, nn.Module):
         return None
     params = list(model.parameters())
-    if not params or any(p.device.type != "cpu" or p.is_meta for p in params) or lean_reason(model) is not None:
+    if not params or any(p.device.type != "cpu" for p in params):  # meta (offloaded) and accelerator weights
         return None
     key = tuple((p.data_ptr(), p._version) for p in params)
     try:
         known = _LEAN_STEPS.get(model)
     except TypeError:  # not weak-referenceable
         return None
-    if known is not None and known[0] == key:
+    if known is not None and known[0] == key:  # the answer for these weights, a lean step or None
         return known[1]
-    try:
-        lean = LeanDecoder(model, bits=None)
-    except (ValueError, _Unsupported):
-        return None
+    lean = None
+    if lean_reason(model) is None:  # reads every layer's modules (and its norms' source): once per weights
+        try:
+            lean = LeanDecoder(model, bits=None)
+        except (ValueError, _Unsupported):
+            lean = None
     _LEAN_STEPS[model] = (key, lean)
     return lean
 
