@@ -49,7 +49,8 @@ def __getattr__(name: str):
 def make_draft(target: nn.Module, spec, **options) -> nn.Module:
     """Build a draft for `target` from `spec` (see `hfspec.drafts.registry`). The target is not changed.
 
-    Options: rtn: lean (bool, default: the lean decode step where the family is supported), fused (bool,
+    Options: rtn: lean (bool, default: the lean decode step where the family is supported), head_top (int,
+    default 32: the lean step re-scores its quantised head's top logits with the target's head rows), fused (bool,
     default: on CPU use the int4 kernel where it fits); sibling / model: target_tokenizer, draft_tokenizer
     (checked to match), plus `load_model` options.
     """

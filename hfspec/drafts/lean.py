@@ -41,6 +41,9 @@ from hfspec.kv_model import CachedModel
 BUILD_PROGRESS_EVERY = 2.0  # seconds between "building the draft: layer i/N" messages
 CACHE_CHUNK = 256  # the KV cache grows by this many slots at a time
 COMPILED_FEED_MAX = 4  # a compiled draft runs feeds of up to this many tokens as one-token steps (a round's catch-up)
+HEAD_TOP = 32  # a quantised head's top logits re-scored with the target's own head rows (`LeanDecoder.head_top`)
+HEAD_TOP_MAX = 1024
+HEAD_FLOAT_BELOW = 1 << 20  # a quantised draft runs a head of fewer weights as the target's own (default head_top)
 
 
 def _decoder(model: nn.Module):
@@ -144,10 +147,20 @@ class LeanDecoder(nn.Module):
 
     Rotary runs as one complex multiply over the query and key heads together: the rows of W_q and W_k are
     permuted within each head so that HF's rotate-half pairs (i, i + D/2) sit side by side. Attention scores
-    q·k do not change under the same permutation of both, so the model computes the same function."""
+    q·k do not change under the same permutation of both, so the model computes the same function.
+
+    head_top (quantised drafts; default `HEAD_TOP`, 0 turns it off): the `head_top` largest logits of the
+    quantised LM head are computed again from the target's own head rows, in fp32. A 4-bit head is where a
+    quantised copy loses most of its agreement with the target on real checkpoints (a tied 49k × 576 table is a
+    fifth of SmolLM2-135M), and the probability mass sits in a few dozen tokens: re-scoring them brings the
+    draft's distribution close to a float head's at the cost of a top-k and K rows of the head read, no memory
+    (the rows are the target's tensor). The draft's q is still one deterministic function of the context, used
+    both to draw and to accept, so exactness does not depend on it. By default a head of fewer than
+    `HEAD_FLOAT_BELOW` weights (the embedded micro model's) is not quantised at all: the target's own head, shared,
+    costs no more time than its int4 codes there and gives the target's logits."""
 
     def __init__(self, target: nn.Module, bits: int | None, group_size: int = 32, max_positions: int | None = None,
-                 progress=None):
+                 progress=None, head_top: int | None = None):
         super().__init__()
         why = lean_reason(target)
         if why is not None:
@@ -160,7 +173,14 @@ class LeanDecoder(nn.Module):
         head = target.get_output_embeddings()
         embed = inner.embed_tokens
         self.vocab = head.weight.shape[0]
-        self.head = LeanLinear(head.weight, getattr(head, "bias", None), bits, group_size, share=True)
+        small = head_top is None and head.weight.numel() < HEAD_FLOAT_BELOW
+        self.head = LeanLinear(head.weight, getattr(head, "bias", None), None if small else bits, group_size,
+                               share=True)
+        self.head_top = 0 if bits is None or small else min(HEAD_TOP if head_top is None else int(head_top),
+                                                             self.vocab)
+        # Plain attributes, not buffers: the target's own head, read K rows per position when re-scoring.
+        self.head_rows = head.weight.detach()
+        self.head_bias = None if getattr(head, "bias", None) is None else head.bias.detach().float()
         # The input embedding is read one row per token, so its bytes cost no time: the draft looks rows up in
         # the target's own table (any dtype, cast to fp32) instead of holding a copy. A plain attribute, not a
         # buffer: the draft's `weight_bytes` count what it adds to the target, and the table stays the target's.
@@ -183,8 +203,11 @@ class LeanDecoder(nn.Module):
         self._head_mm = self.head.matmul()
         self._steps = [block.step(self.act) for block in self.blocks]
         paths = sorted({lin.path for block in self.blocks for lin in block.linears()} | {self.head.path})
+        rescored = (f"; the head's top {self.head_top} logits re-scored with the target's head rows"
+                    if self.head_top else "; the target's own head (small)" if small and bits is not None else "")
         self.hfspec_step_path = (f"lean decode step for a {_dtype_name(self.target_dtype)} target (fp32 activations "
-                                 f"and logits; input embedding read from the target's table; {'; '.join(paths)})")
+                                 f"and logits; input embedding read from the target's table; {'; '.join(paths)}"
+                                 f"{rescored})")
         self.compiled_step = None
 
     def compile_step(self, progress=None) -> str:
@@ -293,10 +316,22 @@ class LeanDecoder(nn.Module):
 
     def _logits_of(self, h: torch.Tensor) -> torch.Tensor:
         h = torch.rms_norm(h, (self.hidden,), self.final_norm, self.eps)
-        logits = self._head_mm(h.reshape(-1, self.hidden)).view(*h.shape[:-1], -1)
+        x = h.reshape(-1, self.hidden)
+        logits = self._head_mm(x)
+        if self.head_top:
+            logits = self._rescored(x, logits)
+        logits = logits.view(*h.shape[:-1], -1)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
+
+    def _rescored(self, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """`logits` [N, V] with each row's `head_top` largest replaced by x · (the target's head row) in fp32."""
+        top = logits.topk(self.head_top, dim=-1).indices  # [N, K]
+        exact = torch.bmm(self.head_rows[top].float(), x.unsqueeze(-1)).squeeze(-1)
+        if self.head_bias is not None:
+            exact = exact + self.head_bias[top]
+        return logits.scatter(-1, top, exact)
 
 
 class LeanRunner(CachedModel):

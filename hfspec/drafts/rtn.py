@@ -21,18 +21,28 @@ _RTN = re.compile(r"rtn(\d+)(?:-g(\d+))?(-compiled)?")
 
 
 def make_rtn_draft(target: nn.Module, bits: int, group_size: int, fused: bool | None = None,
-                   lean: bool | None = None, compiled: bool = False, progress=None) -> nn.Module:
+                   lean: bool | None = None, compiled: bool = False, progress=None,
+                   head_top: int | None = None) -> nn.Module:
     """RTN copy of `target` at `bits` in groups of `group_size`.
 
     lean: None (default) takes the lean step (`hfspec.drafts.lean`) when the family is supported and the weights
     are on the CPU; True requires it (error naming why not); False keeps the HF forward. fused applies to the
     HF-forward path only (the int4 kernel where a layer allows it). compiled: also compile the lean one-token
     step (`hfspec.drafts.compiled`; needs the lean step), reporting through `progress(message)`.
+    head_top: on the lean step, how many of the quantised head's largest logits are re-scored with the target's
+    own head rows (default `hfspec.drafts.lean.HEAD_TOP`; 0 keeps the quantised head's logits as they are).
     """
     from hfspec import memory
-    from hfspec.drafts.lean import LeanDecoder, lean_reason
+    from hfspec.drafts.lean import HEAD_TOP_MAX, LeanDecoder, lean_reason
     from hfspec.quant.swap import quantize_model
 
+    if head_top is not None and (isinstance(head_top, bool) or not isinstance(head_top, int)
+                                 or not 0 <= head_top <= HEAD_TOP_MAX):
+        raise HfspecError(f"draft option head_top: got {head_top!r}; allowed: an integer 0..{HEAD_TOP_MAX} "
+                          "(0: no re-scoring)")
+    if head_top and (lean is False or fused is not None):
+        raise HfspecError("draft options: head_top re-scores the lean step's head; allowed: head_top without "
+                          "lean=False or fused")
     memory.check_draft_fits(target, bits, group_size)  # an error before building, not an OOM kill midway
 
     if compiled and (lean is False or fused is not None):
@@ -41,13 +51,16 @@ def make_rtn_draft(target: nn.Module, bits: int, group_size: int, fused: bool | 
     if lean is not False and fused is None:
         why = lean_reason(target)
         if why is None:
-            draft = LeanDecoder(target, bits, group_size, progress=progress)
+            draft = LeanDecoder(target, bits, group_size, progress=progress, head_top=head_top)
             if compiled:
                 draft.compile_step(progress)
             return draft
         if compiled:
             raise HfspecError(f"draft: a compiled step needs the lean step, which {type(target).__name__} cannot "
                               f"take ({why}); allowed: the eager draft (drop '-compiled')")
+        if head_top:
+            raise HfspecError(f"draft option head_top: {type(target).__name__} cannot take the lean step ({why}), "
+                              "whose head it re-scores; allowed: head_top=None or 0")
         if lean:
             raise HfspecError(f"draft option lean=True: {type(target).__name__} cannot take the lean step ({why}); "
                               "allowed: lean=None or lean=False (the Hugging Face forward)")
@@ -111,6 +124,6 @@ KIND = DraftKind(
             Field("group", "group size", DEFAULT_GROUP_SIZE, choices=(32, 64, 128, 256)),
             Field("step", "draft step", STEPS[0], choices=STEPS)),
     spec_of=_spec_of, values=lambda s: {"bits": s.bits, "group": s.group_size},
-    options=frozenset({"fused", "lean", "progress"}), copies_target=True, assisted=_assisted,
+    options=frozenset({"fused", "lean", "progress", "head_top"}), copies_target=True, assisted=_assisted,
     examples=("rtn4", "rtn3", "rtn8", "rtn4-g64", "rtn4-compiled"),
 )

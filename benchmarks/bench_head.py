@@ -1,0 +1,108 @@
+"""The RTN draft's LM head: quantised as is (`head_top=0`) against the default (a large head's top 32 logits
+re-scored with the target's own head rows, a small head kept as the target's), same draft bits, same γ, same
+prompt, beside plain `generate`.
+
+    python benchmarks/bench_head.py --models micro,smollm2 --dtypes float32,bfloat16 --temperatures 0,1 \\
+        --max-new-tokens 128 --repeats 3 --out benchmarks/results/head
+
+Per model, dtype and temperature the methods run interleaved per repeat (repeat 0 a warm-up, not counted; each
+repeat its own seed): plain `generate`, then the draft with each head setting at a fixed γ and at γ "auto".
+Reported: α, tokens per target pass, draft milliseconds per forward, tokens/s and the ratio to plain `generate`
+(medians over repeats), and the fidelity (mean Σ min(p, q)) on the target's own greedy probe text. A markdown
+table goes to stdout and, with --out, to OUT.md beside OUT.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from common import load, model_folders, parser, prompt_ids
+
+import hfspec
+from hfspec.drafts.fidelity import fidelity, probe_ids
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.set_defaults(models="micro,smollm2")
+    p.add_argument("--dtypes", default="float32,bfloat16", help="dtypes for models other than micro")
+    p.add_argument("--draft", default="rtn4")
+    p.add_argument("--gamma", default="4,auto", help="γ values: integers and/or auto")
+    p.add_argument("--heads", default="0,default",
+                   help="head_top values to compare: integers, or default (the draft's own choice)")
+    p.add_argument("--temperatures", default="0,1")
+    p.add_argument("--prompt", default="Once upon a time")
+    p.add_argument("--out", help="write OUT.md and OUT.json")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    heads = [None if h == "default" else int(h) for h in args.heads.split(",")]
+    gammas = [g if g == "auto" else int(g) for g in args.gamma.split(",")]
+    lines = [f"<!-- threads {args.threads}, {args.max_new_tokens} tokens, draft {args.draft}, median of "
+             f"{args.repeats} interleaved repeats after a warm-up; load average at start {os.getloadavg()[0]:.2f} -->",
+             "| model | dtype | T | γ | head_top | fidelity | α | tokens/pass | draft ms/forward | tok/s | vs plain "
+             "generate |", "|" + "---|" * 11]
+    print("\n".join(lines), flush=True)
+    rows = []
+    began_all = time.perf_counter()
+    n = args.max_new_tokens
+    for name, folder in model_folders(args).items():
+        for dtype in (["float32"] if name == "micro" else args.dtypes.split(",")):
+            target, tokenizer = load(folder, dtype)
+            ids = prompt_ids(tokenizer, args.prompt)
+            drafts = {h: hfspec.make_draft(target, args.draft, head_top=h) for h in heads}
+            probe = probe_ids(target, 64)
+            close = {h: fidelity(target, d, probe) for h, d in drafts.items()}
+            for t in (float(x) for x in args.temperatures.split(",")):
+                methods = ["plain"] + [(g, h) for g in gammas for h in heads]
+                seconds = {m: [] for m in methods}
+                stats = {m: [] for m in methods}
+                sample = dict(do_sample=True, temperature=t, top_k=0, top_p=1.0) if t > 0 else dict(do_sample=False)
+                for r in range(args.repeats + 1):
+                    for m in methods:
+                        torch.manual_seed(args.seed + r)
+                        began = time.perf_counter()
+                        if m == "plain":
+                            target.generate(ids, max_new_tokens=n, min_new_tokens=n, **sample)
+                        else:
+                            out = hfspec.generate(target, ids, draft=drafts[m[1]], gamma=m[0], temperature=t,
+                                                  max_new_tokens=n, min_new_tokens=n, seed=args.seed + r)
+                        took = time.perf_counter() - began
+                        if r:
+                            seconds[m].append(took)
+                            if m != "plain":
+                                stats[m].append(out.stats)
+                plain = statistics.median(seconds["plain"])
+                for m in methods[1:]:
+                    st = stats[m]
+                    row = {"model": name, "dtype": dtype, "temperature": t, "gamma": m[0], "head_top": m[1],
+                           "fidelity": close[m[1]],
+                           "alpha": sum(s.accepted for s in st) / max(1, sum(s.checked for s in st)),
+                           "tokens_per_pass": sum(s.new_tokens for s in st) / sum(s.target_passes for s in st),
+                           "draft_ms_per_forward": statistics.median(
+                               s.time_draft / max(1, s.draft_forwards) for s in st) * 1e3,
+                           "tok_s": n / statistics.median(seconds[m]), "plain_tok_s": n / plain,
+                           "vs_plain": plain / statistics.median(seconds[m])}
+                    rows.append(row)
+                    line = (f"| {name} | {dtype} | {t:g} | {m[0]} | {'default' if m[1] is None else m[1]} | {row['fidelity']:.3f} | {row['alpha']:.3f} "
+                            f"| {row['tokens_per_pass']:.2f} | {row['draft_ms_per_forward']:.2f} | {row['tok_s']:.1f} "
+                            f"| {row['vs_plain']:.2f}× |")
+                    lines.append(line)
+                    print(line, flush=True)
+            del target, drafts
+    tail = (f"<!-- {time.perf_counter() - began_all:.0f} s; load average at the end {os.getloadavg()[0]:.2f} -->")
+    lines.append(tail)
+    print(tail)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+        out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
