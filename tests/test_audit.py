@@ -16,11 +16,11 @@ from hfspec.cli import main
 from hfspec.loading import load_model, load_tokenizer
 
 MICRO = str(Path(__file__).resolve().parents[1] / "presets" / "models" / "micro")
-SMALL = ["--target", MICRO, "--draft", "rtn4", "--tokens", "24", "--samples", "1000", "--seed", "3"]
+SMALL = ["--target", MICRO, "--draft", "rtn4", "--tokens", "24", "--samples", "2000", "--seed", "3"]
 
 
 def test_passes_on_micro_bf16_through_the_cli(capsys):
-    auto = [a for a in SMALL if a not in ("--samples", "1000")]  # the sample size chosen for the control's power
+    auto = [a for a in SMALL if a not in ("--samples", "2000")]  # the sample size chosen for the control's power
     code = main(["audit", *auto, "--dtype", "bfloat16", "--temperature", "0.8", "--top-k", "40"])
     out = capsys.readouterr().out
     assert code == 0, out

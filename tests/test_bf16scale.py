@@ -63,7 +63,7 @@ def test_float_lean_step_of_a_half_target_computes_its_forward(family, dtype):
 def test_lean_rtn4_of_a_half_target_matches_the_hf_forward_rtn4(family, dtype):
     target = _target(family, dtype)
     ids = _ids()
-    lean = make_draft(target, "rtn4")
+    lean = make_draft(target, "rtn4", head_top=0)  # as the HF path: a quantised head
     hf = _hf_reference(target, "rtn4")
     assert isinstance(lean, LeanDecoder) and not isinstance(hf, LeanDecoder)
     assert f"for a {str(dtype).replace('torch.', '')} target" in describe(lean)["step"]
@@ -71,7 +71,7 @@ def test_lean_rtn4_of_a_half_target_matches_the_hf_forward_rtn4(family, dtype):
         q_lean, q_hf = lean(ids).logits, hf(ids).logits
     assert q_lean.dtype == torch.float32
     assert _overlap(q_lean, q_hf) >= 0.95
-    other = make_draft(_target(family, dtype, seed=3), "rtn4")
+    other = make_draft(_target(family, dtype, seed=3), "rtn4", head_top=0)
     with torch.no_grad():
         assert _overlap(other(ids).logits, q_hf) < _overlap(q_lean, q_hf) - 0.1
 
@@ -98,9 +98,10 @@ def test_compiled_step_of_a_half_target_computes_the_eager_step(dtype, tmp_path,
 
 
 def _wide_llama(dtype: torch.dtype) -> LlamaForCausalLM:
-    """Matrices big enough for the int4 kernel (the draft's real storage), tied embeddings like SmolLM2."""
+    """Matrices big enough for the int4 kernel (the draft's real storage), tied embeddings like SmolLM2 and a head of 2^20
+    weights, quantised like a real vocabulary's (smaller heads are the target's own)."""
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=2048, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+    config = LlamaConfig(vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
     return LlamaForCausalLM(config).eval().to(dtype)
 
@@ -230,7 +231,7 @@ def test_prepacking_leaves_half_precision_and_copies_alone():
 def test_a_draft_too_big_for_memory_is_refused_before_building(monkeypatch):
     target = _wide_llama(torch.bfloat16)
     need = memory.check_draft_fits(target, 4, 32, available=1 << 40)
-    params = 2048 * 256 + 2 * (256 * 256 + 2 * 256 * 128 + 256 * 256 + 3 * 256 * 512)  # tied table once
+    params = 4096 * 256 + 2 * (256 * 256 + 2 * 256 * 128 + 256 * 256 + 3 * 256 * 512)  # tied table once
     assert need == int(params * (0.5 + 4 / 32)) + memory.DRAFT_SCRATCH_BYTES
     monkeypatch.setenv(memory.ENV, str(need - 1))
     with pytest.raises(HfspecError, match=r"draft: an rtn4 draft of this target needs about .* allowed: a 2-4-bit"):
