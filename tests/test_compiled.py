@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -50,7 +51,7 @@ def test_compiled_step_computes_the_eager_lean_step(family, own_cache):
     target = sharpen(build_family(family, init=0.1), 6.0)
     fast = make_draft(target, "rtn4-compiled")
     eager = make_draft(target, "rtn4")
-    assert fast.compiled_step is not None and describe(fast)["step"].endswith("one-token step compiled")
+    assert fast.compiled_step is not None and describe(fast)["step"].endswith("one-token step compiled (C++ wrapper)")
     assert eager.compiled_step is None
     # past the first cache chunk (the cache length is a dynamic dimension of the one graph) and, for gemma3,
     # past the sliding window of 8
@@ -98,6 +99,41 @@ def test_a_failed_compile_keeps_the_eager_step_and_says_why(own_cache, monkeypat
                        hfspec.plain_generate(target, ids, **kw).sequences)
 
 
+@pytest.mark.slow
+def test_a_compile_that_fails_only_with_the_cpp_wrapper_is_redone_without_it(tmp_path, monkeypatch):
+    from hfspec.drafts.compiled import NO_WRAPPER_MARKER, CompiledStep
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setattr(compiled, "COMPILE_DIR", tmp_path)  # its own folder: the marker must not reach other tests
+
+    original = CompiledStep._compile_once
+    tried = []
+
+    def no_wrapper_here(self, no_cache, wrapper):
+        tried.append(wrapper)
+        if wrapper:
+            raise RuntimeError("cannot build the C++ wrapper")
+        return original(self, no_cache, wrapper)
+
+    monkeypatch.setattr(CompiledStep, "_compile_once", no_wrapper_here)
+    target = build("llama")
+    messages = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no fallback warning: the draft is compiled
+        draft = make_draft(target, "rtn4-compiled", progress=messages.append)
+    assert tried == [True, True, False]  # as cached, afresh, afresh without the wrapper
+    assert draft.compiled_step is not None and not draft.compiled_step.wrapper
+    assert describe(draft)["step"].endswith("one-token step compiled")
+    assert any("cannot build the C++ wrapper" in m and "without the C++ wrapper" in m for m in messages)
+    assert "cannot build the C++ wrapper" in (tmp_path / NO_WRAPPER_MARKER).read_text()
+    tried.clear()  # the next build in this folder does not try the wrapper again
+    assert make_draft(target, "rtn4-compiled").compiled_step is not None and tried == [False]
+    ids = torch.tensor([[0, 5, 9]])
+    kw = dict(temperature=0.0, max_new_tokens=12, min_new_tokens=12)
+    assert torch.equal(hfspec.generate(target, ids, draft, **kw).sequences,
+                       hfspec.plain_generate(target, ids, **kw).sequences)
+
+
 _BUILD = textwrap.dedent("""
     import torch, hfspec
     from hfspec.loading import load_model
@@ -122,15 +158,15 @@ def test_a_truncated_artefact_on_disk_does_not_break_the_next_run(tmp_path):
         return out.stdout
 
     first = run()
-    assert "PATH compiled SAME True" in first
+    assert "PATH compiled (C++ wrapper) SAME True" in first
     libraries = list(tmp_path.rglob("*.so"))
     assert libraries, "inductor kept no compiled library on disk"
     for library in libraries:  # what a compile killed midway can leave behind
         library.write_bytes(library.read_bytes()[: library.stat().st_size // 3])
     second = run()
-    assert "compiling afresh" in second and "PATH compiled SAME True" in second
+    assert "compiling afresh, without cached artefacts" in second and "PATH compiled (C++ wrapper) SAME True" in second
     third = run()  # the fresh artefacts were kept
-    assert "compiling afresh" not in third and "PATH compiled SAME True" in third
+    assert "compiling afresh" not in third and "PATH compiled (C++ wrapper) SAME True" in third
 
 
 def test_compiled_spec_reads_labels_and_refuses_what_cannot_compile():

@@ -216,7 +216,7 @@ class LeanDecoder(nn.Module):
 
         step = CompiledStep(self, progress)
         self.compiled_step = step if step.path == "compiled" else None
-        self.hfspec_step_path += f", one-token step {step.path}"
+        self.hfspec_step_path += f", one-token step {step.path}" + (" (C++ wrapper)" if step.wrapper else "")
         return step.path
 
     def _table(self, layer_type, upto: int) -> torch.Tensor:
