@@ -9,11 +9,12 @@ one scale and one integer zero point per group of `group_size` inputs, activatio
 'hfspec[export]'`; on the CPU the weights are decompressed to dense float at load time) and vLLM serves it as a
 draft model (`--speculative-config '{"method": "draft_model", ...}'`).
 
-How close it is to hfspec's in-memory draft: every packed weight within half a step of the float weight, as
+How close it is to hfspec's RTN draft: every packed weight within half a step of the float weight, as
 hfspec's RTN, though a weight may land on the neighbouring code of hfspec's (the packing and why:
-`hfspec.pack_quantized`). The embedding and the LM head are written dense with hfspec's RTN values (the engines
-quantise Linear layers of the decoder; the head stays dense as in most int4 checkpoints), so a tied pair stays
-tied.
+`hfspec.pack_quantized`). The embedding and the LM head are written dense with the target's own values (the
+engines quantise the decoder's Linear layers; GPTQ and AWQ checkpoints leave the head in float too): the same
+bytes as dense RTN values, and the head is where a 4-bit copy loses most of its agreement with the target
+(hfspec's own draft re-scores its top logits for that reason, `hfspec.drafts.lean`). A tied pair stays tied.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"
 
 @dataclass
 class DraftExport:
-    """What `export_draft` wrote and how close it is to hfspec's in-memory draft."""
+    """What `export_draft` wrote and how close it is to hfspec's RTN draft (`check_export`)."""
 
     folder: Path
     spec: str                      # canonical spec of the draft, e.g. "rtn4-g32"
@@ -90,7 +91,8 @@ class DraftExport:
                  f"(hfspec's RTN: 0.5); {self.widened_groups} of {self.groups} groups widened to reach 0"]
         if self.check is not None:
             c = self.check
-            lines.append(f"checked: transformers loads it; logits vs hfspec's in-memory {self.spec}: max |Δ| "
+            lines.append(f"checked: transformers loads it; logits vs hfspec's {self.spec} with the target's "
+                         f"embedding and head: max |Δ| "
                          f"{c['max_abs_diff']:.4g} (their distance to the target: {c['draft_vs_target']:.4g}, "
                          f"export's: {c['export_vs_target']:.4g}); top-1 agreement {c['top1_agreement']:.1%}")
         return lines
@@ -142,7 +144,7 @@ def export_draft(target: nn.Module, spec, out, *, tokenizer=None, gamma: int | N
     """Write the RTN draft `spec` of `target` to `out` as a compressed-tensors checkpoint (plus `tokenizer`).
 
     gamma: the γ the serving command line proposes (None: hfspec's default, said so in `gamma_source`).
-    check: load the folder back with transformers and compare its logits with hfspec's in-memory draft.
+    check: load the folder back with transformers and compare its logits with hfspec's RTN draft (`check_export`).
     """
     from safetensors.torch import save_file
 
@@ -188,7 +190,7 @@ def export_draft(target: nn.Module, spec, out, *, tokenizer=None, gamma: int | N
                     result.dense_layers.append(f"{module_name} (tied)")
                     continue
                 written_weights[id(value)] = key
-                tensors[key] = rtn_dense(value.detach(), bits, group).to(dtype).contiguous()
+                tensors[key] = value.detach().to(dtype).contiguous().clone()  # the target's own values
                 result.dense_layers.append(module_name)
                 continue
             if id(value) in written_weights:
@@ -217,13 +219,13 @@ def export_draft(target: nn.Module, spec, out, *, tokenizer=None, gamma: int | N
 
 
 def check_export(target: nn.Module, folder, spec: str, tokens: int = 24, seed: int = 0) -> dict:
-    """Load `folder` with transformers (CPU) and compare its logits with hfspec's in-memory RTN draft of
-    `target` (the Hugging Face forward over dequantised weights, fp32) on random token ids."""
-    from hfspec.drafts import make_draft
+    """Load `folder` with transformers (CPU) and compare its logits with what it should hold: hfspec's RTN draft
+    `spec` of `target` (the Hugging Face forward over dequantised weights) with the target's own embedding and LM
+    head, as exported, on random token ids."""
     from hfspec.validate import vocab_size
 
     loaded = load_export(folder)
-    draft = make_draft(target, spec, lean=False, fused=False)
+    draft = reference_draft(target, spec)
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, vocab_size(target), (1, tokens), generator=generator)
     with torch.no_grad():
@@ -238,6 +240,19 @@ def check_export(target: nn.Module, folder, spec: str, tokens: int = 24, seed: i
         "top1_agreement": float((got.argmax(-1) == want.argmax(-1)).float().mean()),
         "positions": tokens,
     }
+
+
+def reference_draft(target: nn.Module, spec: str) -> nn.Module:
+    """hfspec's RTN draft `spec` of `target` on the Hugging Face forward, its embedding and LM head the target's
+    own modules (shared, not copied): the model an export of `spec` holds, up to the packing's rounding."""
+    from hfspec.drafts import make_draft
+
+    draft = make_draft(target, spec, lean=False, fused=False)
+    head = target.get_output_embeddings()
+    for name, module in target.named_modules():
+        if module is head or isinstance(module, nn.Embedding):
+            draft.set_submodule(name, module)
+    return draft
 
 
 def _layers(target: nn.Module, group_size: int) -> tuple[list, list]:
@@ -295,7 +310,7 @@ tags: [compressed-tensors, speculative-decoding, draft-model]
 # {result.spec} draft of {name}
 
 A round-to-nearest {result.bits}-bit copy of `{name}` in groups of {result.group_size} (no calibration), written by
-`hfspec export-draft` as a compressed-tensors `{FORMAT}` checkpoint (W{result.bits}A16, {result.scheme}). The embedding and LM head are dense, holding the same RTN values. Use it as the draft model of `{name}`:
+`hfspec export-draft` as a compressed-tensors `{FORMAT}` checkpoint (W{result.bits}A16, {result.scheme}). The embedding and LM head are dense, holding the target's own values (as GPTQ and AWQ checkpoints keep the head). Use it as the draft model of `{name}`:
 
 ```bash
 {result.serve_command(name)}

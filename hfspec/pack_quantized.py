@@ -11,7 +11,8 @@ rounds the zero to the nearest code, then rounds every weight again on that grid
 a step of the float weight, the bound hfspec's own RTN has, but a weight may land on the neighbouring code of
 hfspec's. Where 0 lies more than half a step outside a group's range (a group of weights all of one sign) the
 integer grid must reach 0, so that group's step widens to cover [min(w, 0), max(w, 0)]; it counts them.
-`rtn_dense` gives hfspec's own RTN values, for the layers written dense (embedding, LM head).
+`rtn_dense` gives hfspec's own RTN values of a weight (the in-memory draft's; the export writes the embedding and LM head
+with the target's own values).
 """
 
 from __future__ import annotations
