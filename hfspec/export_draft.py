@@ -111,6 +111,10 @@ def check_exportable(spec):
                               f"engines serve hold {' or '.join(map(str, EXPORT_BITS))}-bit weights; allowed: {allowed}")
         if parsed.group_size not in EXPORT_GROUP_SIZES:
             raise HfspecError(f"draft: group size {parsed.group_size} cannot be exported; allowed: {allowed}")
+        if parsed.param("head_top") is not None:
+            raise HfspecError(f"draft: {parsed.label} cannot be exported: -topK sets how hfspec's in-memory draft "
+                              "re-scores its quantised head, and the export writes the target's own head; "
+                              f"allowed: {allowed}")
         return parsed
     why = {
         "bnb": "a bitsandbytes draft is bitsandbytes' own format (save it with save_pretrained of a model loaded "

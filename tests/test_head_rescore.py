@@ -162,3 +162,54 @@ def test_a_compiled_step_rescores_its_head_as_the_eager_step_does(tmp_path, monk
     assert (got - want).abs().max() <= 2 ** -6 * max(1.0, float(want.abs().max()))
     unscored = steps(make_draft(target, "rtn4", head_top=0))
     assert (unscored - want).abs().max() > 1e-3  # re-scoring changed the logits the two steps agree on
+
+
+# ------------------------------------------------------------------------------------------------ the -topK spec
+def test_the_top_spec_part_sets_head_top_everywhere_a_spec_goes(capsys):
+    from hfspec.cli import main
+    from hfspec.drafts.registry import parse
+
+    assert parse("rtn4-top0").label == "rtn4-g32-top0"
+    assert parse("rtn3-g64-top64-compiled").label == "rtn3-g64-top64-compiled"
+    assert parse(parse("rtn4-top8").label).param("head_top") == 8  # the label reads back
+    target = wide_head_model()
+    assert make_draft(target, "rtn4-top0").head_top == 0 and make_draft(target, "rtn4-top8").head_top == 8
+    assert make_draft(target, "rtn4").head_top == HEAD_TOP  # control: no -top, the default
+    assert make_draft(target, "rtn4-top8", head_top=8).head_top == 8  # the same value twice is fine
+    with pytest.raises(HfspecError, match="says head_top=8 and the option says head_top=0"):
+        make_draft(target, "rtn4-top8", head_top=0)
+    # on micro (a small head: the target's own by default) -top32 asks for the quantised head re-scored
+    micro = load_model(str(MICRO), progress=False)
+    assert make_draft(micro, "rtn4").head_top == 0 and make_draft(micro, "rtn4-top32").head_top == 32
+    # through the CLI: the run reports the draft it built
+    code = main(["run", "--target", str(MICRO), "--draft", "rtn4-top0", "--max-new-tokens", "8", "--no-baseline"])
+    captured = capsys.readouterr()
+    assert code == 0 and "building draft rtn4-g32-top0" in captured.err, captured.err
+
+
+@pytest.mark.parametrize("bad, says", [("rtn4-top2000", "-topK .* must be 0..1024, got 2000"),
+                                       ("rtn4-topx", "cannot read 'rtn4-topx'"),
+                                       ("rtn4-compiled-top3", "optionally -topK, optionally ending in -compiled")])
+def test_a_bad_top_spec_is_refused_naming_it(bad, says):
+    with pytest.raises(HfspecError, match=says):
+        make_draft(wide_head_model(), bad)
+
+
+def test_export_refuses_a_top_spec():
+    from hfspec.export_draft import check_exportable
+
+    with pytest.raises(HfspecError, match="rtn4-g32-top0 cannot be exported: -topK"):
+        check_exportable("rtn4-top0")
+    assert check_exportable("rtn4").label == "rtn4-g32"  # control
+
+
+def test_the_form_values_keep_the_top_part():
+    """The dashboard's draft form reads and writes specs through these: -topK must survive the round trip."""
+    from hfspec.settings import draft_spec, split_draft_spec
+
+    values = split_draft_spec("rtn4-g64-top0-compiled")
+    assert values["head_top"] == 0
+    kind = values.pop("kind")
+    assert draft_spec(kind, **values) == "rtn4-g64-top0-compiled"
+    plain = split_draft_spec("rtn4")
+    assert plain["head_top"] == "default" and draft_spec(plain.pop("kind"), **plain) == "rtn4"  # control

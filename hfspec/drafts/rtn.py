@@ -1,4 +1,5 @@
-"""The RTN draft kind: a round-to-nearest copy of the target in groups (`rtn4`, `rtn3-g64`, `rtn4-compiled`).
+"""The RTN draft kind: a round-to-nearest copy of the target in groups (`rtn4`, `rtn3-g64`, `rtn4-compiled`,
+`rtn4-top0`: `-topK` sets how many of the quantised head's largest logits the lean step re-scores, `head_top`).
 
 It takes a lean decode step of its own where the family allows it (`hfspec.drafts.lean`, optionally compiled by
 `hfspec.drafts.compiled`), else the HF forward over swapped quantised modules (any architecture).
@@ -17,7 +18,8 @@ DEFAULT_GROUP_SIZE = 32
 RTN_BITS = (2, 8)
 GROUP_SIZES = (8, 8192)
 STEPS = ("eager", "compiled")  # how an RTN draft's lean one-token step runs
-_RTN = re.compile(r"rtn(\d+)(?:-g(\d+))?(-compiled)?")
+HEAD_DEFAULT = "default"  # the form's head_top value for no -topK: the draft's own choice (`hfspec.drafts.lean`)
+_RTN = re.compile(r"rtn(\d+)(?:-g(\d+))?(?:-top(\d+))?(-compiled)?")
 
 
 def make_rtn_draft(target: nn.Module, bits: int, group_size: int, fused: bool | None = None,
@@ -75,15 +77,30 @@ def _parse(text: str, low: str) -> DraftSpec | None:
         return None
     match = _RTN.fullmatch(low)
     if not match:
-        raise fail(f"cannot read {text!r} (write rtnB, rtnB-gN, optionally ending in -compiled, e.g. rtn4, "
-                   "rtn3-g64, rtn4-compiled)")
+        raise fail(f"cannot read {text!r} (write rtnB, rtnB-gN, optionally -topK, optionally ending in -compiled, "
+                   "e.g. rtn4, rtn3-g64, rtn4-top0, rtn4-compiled)")
     bits = int(match.group(1))
     if not RTN_BITS[0] <= bits <= RTN_BITS[1]:
         raise fail(f"bits must be {RTN_BITS[0]}..{RTN_BITS[1]}, got {bits}")
     group = int(match.group(2)) if match.group(2) else DEFAULT_GROUP_SIZE
     if not GROUP_SIZES[0] <= group <= GROUP_SIZES[1]:
         raise fail(f"group size must be {GROUP_SIZES[0]}..{GROUP_SIZES[1]}, got {group}")
-    return DraftSpec("rtn", bits=bits, group_size=group, params=(("step", "compiled"),) if match.group(3) else ())
+    params = ()
+    if match.group(3) is not None:
+        from hfspec.drafts.lean import HEAD_TOP_MAX
+
+        top = int(match.group(3))
+        if top > HEAD_TOP_MAX:
+            raise fail(f"-topK (head logits re-scored) must be 0..{HEAD_TOP_MAX}, got {top}")
+        params += (("head_top", top),)
+    if match.group(4):
+        params += (("step", "compiled"),)
+    return DraftSpec("rtn", bits=bits, group_size=group, params=params)
+
+
+def _top_suffix(spec: DraftSpec) -> str:
+    top = spec.param("head_top")
+    return "" if top is None else f"-top{top}"
 
 
 def _step_suffix(step: str) -> str:
@@ -92,6 +109,12 @@ def _step_suffix(step: str) -> str:
 
 
 def _build(target, spec: DraftSpec, options: dict):
+    top = spec.param("head_top")
+    if top is not None:
+        if options.get("head_top") is not None and options["head_top"] != top:
+            raise HfspecError(f"draft options: the spec {spec.label} says head_top={top} and the option says "
+                              f"head_top={options['head_top']!r}; allowed: one of them, or both the same")
+        options = {**options, "head_top": top}
     return make_rtn_draft(target, spec.bits, spec.group_size, compiled=spec.param("step") == "compiled", **options)
 
 
@@ -100,11 +123,14 @@ def _spec_of(values: dict) -> str:
     step = values.get("step") or STEPS[0]
     if step not in STEPS:
         raise fail(f"step must be one of {', '.join(STEPS)}, got {step!r}")
-    return f"rtn{int(values['bits'])}" + (f"-g{group}" if group != DEFAULT_GROUP_SIZE else "") + _step_suffix(step)
+    top = values.get("head_top")
+    top = "" if top in (None, "", HEAD_DEFAULT) else f"-top{int(top)}"
+    return (f"rtn{int(values['bits'])}" + (f"-g{group}" if group != DEFAULT_GROUP_SIZE else "") + top
+            + _step_suffix(step))
 
 
 def _label(spec: DraftSpec) -> str:
-    return f"rtn{spec.bits}-g{spec.group_size}" + _step_suffix(spec.param("step", STEPS[0]))
+    return f"rtn{spec.bits}-g{spec.group_size}" + _top_suffix(spec) + _step_suffix(spec.param("step", STEPS[0]))
 
 
 def _assisted(target, draft, spec: DraftSpec, gamma: int):
@@ -118,12 +144,13 @@ def _assisted(target, draft, spec: DraftSpec, gamma: int):
 
 
 KIND = DraftKind(
-    name="rtn", title="quantised copy (RTN)", allowed=f"rtn{RTN_BITS[0]}..rtn{RTN_BITS[1]}[-gN][-compiled]",
+    name="rtn", title="quantised copy (RTN)", allowed=f"rtn{RTN_BITS[0]}..rtn{RTN_BITS[1]}[-gN][-topK][-compiled]",
     parse=_parse, build=_build, label=_label,
     fields=(Field("bits", "bits", 4, low=RTN_BITS[0], high=RTN_BITS[1]),
             Field("group", "group size", DEFAULT_GROUP_SIZE, choices=(32, 64, 128, 256)),
-            Field("step", "draft step", STEPS[0], choices=STEPS)),
+            Field("step", "draft step", STEPS[0], choices=STEPS),
+            Field("head_top", "head logits re-scored", HEAD_DEFAULT, choices=(HEAD_DEFAULT, 0, 8, 32, 128))),
     spec_of=_spec_of, values=lambda s: {"bits": s.bits, "group": s.group_size},
     options=frozenset({"fused", "lean", "progress", "head_top"}), copies_target=True, assisted=_assisted,
-    examples=("rtn4", "rtn3", "rtn8", "rtn4-g64", "rtn4-compiled"),
+    examples=("rtn4", "rtn3", "rtn8", "rtn4-g64", "rtn4-top0", "rtn4-compiled"),
 )
