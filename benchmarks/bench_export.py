@@ -12,7 +12,6 @@ nothing, its distances are only a check of the format.
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -21,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import load, model_folders, parser, prompt_ids  # noqa: E402
+from common import load, model_folders, parser, prompt_ids, write_results  # noqa: E402
 
 import hfspec  # noqa: E402
 from hfspec.drafts.fidelity import fidelity, probe_ids  # noqa: E402
@@ -83,11 +82,7 @@ def main() -> None:
         line = (f"| {name} | {d_hf:.3f} | {d_ex:.3f} | {fid['hfspec']:.3f} | {fid['export']:.3f} | {a} |")
         lines.append(line)
         print(line, flush=True)
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-        out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+    write_results(args.out, lines, rows)
 
 
 def argparse_without(args, name: str):

@@ -14,14 +14,11 @@ table goes to stdout and, with --out, to OUT.md beside OUT.json.
 
 from __future__ import annotations
 
-import json
 import os
-import statistics
 import time
-from pathlib import Path
 
 import torch
-from common import load, model_folders, parser, prompt_ids
+from common import against_plain, load, model_folders, parser, prompt_ids, write_results
 
 import hfspec
 from hfspec.drafts.fidelity import fidelity, probe_ids
@@ -58,35 +55,11 @@ def main() -> None:
             probe = probe_ids(target, 64)
             close = {h: fidelity(target, d, probe) for h, d in drafts.items()}
             for t in (float(x) for x in args.temperatures.split(",")):
-                methods = ["plain"] + [(g, h) for g in gammas for h in heads]
-                seconds = {m: [] for m in methods}
-                stats = {m: [] for m in methods}
-                sample = dict(do_sample=True, temperature=t, top_k=0, top_p=1.0) if t > 0 else dict(do_sample=False)
-                for r in range(args.repeats + 1):
-                    for m in methods:
-                        torch.manual_seed(args.seed + r)
-                        began = time.perf_counter()
-                        if m == "plain":
-                            target.generate(ids, max_new_tokens=n, min_new_tokens=n, **sample)
-                        else:
-                            out = hfspec.generate(target, ids, draft=drafts[m[1]], gamma=m[0], temperature=t,
-                                                  max_new_tokens=n, min_new_tokens=n, seed=args.seed + r)
-                        took = time.perf_counter() - began
-                        if r:
-                            seconds[m].append(took)
-                            if m != "plain":
-                                stats[m].append(out.stats)
-                plain = statistics.median(seconds["plain"])
-                for m in methods[1:]:
-                    st = stats[m]
+                runs = {(g, h): (drafts[h], g) for g in gammas for h in heads}
+                measured = against_plain(target, ids, runs, t, n, args.repeats, args.seed)
+                for m in runs:
                     row = {"model": name, "dtype": dtype, "temperature": t, "gamma": m[0], "head_top": m[1],
-                           "fidelity": close[m[1]],
-                           "alpha": sum(s.accepted for s in st) / max(1, sum(s.checked for s in st)),
-                           "tokens_per_pass": sum(s.new_tokens for s in st) / sum(s.target_passes for s in st),
-                           "draft_ms_per_forward": statistics.median(
-                               s.time_draft / max(1, s.draft_forwards) for s in st) * 1e3,
-                           "tok_s": n / statistics.median(seconds[m]), "plain_tok_s": n / plain,
-                           "vs_plain": plain / statistics.median(seconds[m])}
+                           "fidelity": close[m[1]], **measured[m]}
                     rows.append(row)
                     line = (f"| {name} | {dtype} | {t:g} | {m[0]} | {'default' if m[1] is None else m[1]} | {row['fidelity']:.3f} | {row['alpha']:.3f} "
                             f"| {row['tokens_per_pass']:.2f} | {row['draft_ms_per_forward']:.2f} | {row['tok_s']:.1f} "
@@ -97,11 +70,7 @@ def main() -> None:
     tail = (f"<!-- {time.perf_counter() - began_all:.0f} s; load average at the end {os.getloadavg()[0]:.2f} -->")
     lines.append(tail)
     print(tail)
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-        out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+    write_results(args.out, lines, rows)
 
 
 if __name__ == "__main__":

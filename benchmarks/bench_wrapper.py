@@ -13,14 +13,12 @@ First compiles go to HFSPEC_COMPILE_DIR (set a fresh folder to time them; the bu
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
-from pathlib import Path
 
 import torch
-from common import load, model_folders, parser, prompt_ids
+from common import against_plain, load, model_folders, parser, prompt_ids, write_results
 
 import hfspec
 from hfspec.drafts import compiled
@@ -69,32 +67,11 @@ def main() -> None:
                 for w, d in drafts.items():
                     costs[w].append(measure_cost(target, d, repeats=30, seed=r).c_time)
             for t in (float(x) for x in args.temperatures.split(",")):
-                sample = dict(do_sample=True, temperature=t, top_k=0, top_p=1.0) if t > 0 else dict(do_sample=False)
-                seconds = {m: [] for m in ["plain", *names]}
-                stats = {w: [] for w in names}
-                for r in range(args.repeats + 1):
-                    for m in seconds:
-                        torch.manual_seed(args.seed + r)
-                        began = time.perf_counter()
-                        if m == "plain":
-                            target.generate(ids, max_new_tokens=n, min_new_tokens=n, **sample)
-                        else:
-                            out = hfspec.generate(target, ids, draft=drafts[m], gamma="auto", temperature=t,
-                                                  max_new_tokens=n, min_new_tokens=n, seed=args.seed + r)
-                        took = time.perf_counter() - began
-                        if r:
-                            seconds[m].append(took)
-                            if m != "plain":
-                                stats[m].append(out.stats)
-                plain = statistics.median(seconds["plain"])
+                measured = against_plain(target, ids, {w: (d, "auto") for w, d in drafts.items()}, t, n,
+                                         args.repeats, args.seed)
                 for w in names:
-                    st = stats[w]
                     row = {"model": name, "dtype": dtype, "step": names[w], "build_s": built[w][1],
-                           "c_time": statistics.median(costs[w]), "temperature": t,
-                           "alpha": sum(s.accepted for s in st) / max(1, sum(s.checked for s in st)),
-                           "tokens_per_pass": sum(s.new_tokens for s in st) / sum(s.target_passes for s in st),
-                           "tok_s": n / statistics.median(seconds[w]), "plain_tok_s": n / plain,
-                           "vs_plain": plain / statistics.median(seconds[w])}
+                           "c_time": statistics.median(costs[w]), "temperature": t, **measured[w]}
                     rows.append(row)
                     line = (f"| {name} | {dtype} | {row['step']} | {row['build_s']:.1f} | {row['c_time']:.3f} | {t:g} "
                             f"| {row['alpha']:.3f} | {row['tokens_per_pass']:.2f} | {row['tok_s']:.1f} "
@@ -105,11 +82,7 @@ def main() -> None:
     tail = f"<!-- {time.perf_counter() - began_all:.0f} s; load average at the end {os.getloadavg()[0]:.2f} -->"
     lines.append(tail)
     print(tail)
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-        out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+    write_results(args.out, lines, rows)
 
 
 if __name__ == "__main__":
