@@ -252,10 +252,8 @@ def reference_draft(target: nn.Module, spec: str) -> nn.Module:
     from hfspec.drafts import make_draft
 
     draft = make_draft(target, spec, lean=False, fused=False)
-    head = target.get_output_embeddings()
-    for name, module in target.named_modules():
-        if module is head or isinstance(module, nn.Embedding):
-            draft.set_submodule(name, module)
+    for name, module in _layers(target, check_exportable(spec).group_size)[1]:  # the layers an export writes dense
+        draft.set_submodule(name, module)
     return draft
 
 

@@ -98,9 +98,9 @@ def _parse(text: str, low: str) -> DraftSpec | None:
     return DraftSpec("rtn", bits=bits, group_size=group, params=params)
 
 
-def _top_suffix(spec: DraftSpec) -> str:
-    top = spec.param("head_top")
-    return "" if top is None else f"-top{top}"
+def _top_suffix(top) -> str:
+    """How a spec string spells head_top: "-topK", or nothing for the draft's own choice (None)."""
+    return "" if top is None else f"-top{int(top)}"
 
 
 def _step_suffix(step: str) -> str:
@@ -124,13 +124,12 @@ def _spec_of(values: dict) -> str:
     if step not in STEPS:
         raise fail(f"step must be one of {', '.join(STEPS)}, got {step!r}")
     top = values.get("head_top")
-    top = "" if top in (None, "", HEAD_DEFAULT) else f"-top{int(top)}"
-    return (f"rtn{int(values['bits'])}" + (f"-g{group}" if group != DEFAULT_GROUP_SIZE else "") + top
-            + _step_suffix(step))
+    return (f"rtn{int(values['bits'])}" + (f"-g{group}" if group != DEFAULT_GROUP_SIZE else "")
+            + _top_suffix(None if top in ("", HEAD_DEFAULT) else top) + _step_suffix(step))
 
 
 def _label(spec: DraftSpec) -> str:
-    return f"rtn{spec.bits}-g{spec.group_size}" + _top_suffix(spec) + _step_suffix(spec.param("step", STEPS[0]))
+    return f"rtn{spec.bits}-g{spec.group_size}" + _top_suffix(spec.param("head_top")) + _step_suffix(spec.param("step", STEPS[0]))
 
 
 def _assisted(target, draft, spec: DraftSpec, gamma: int):
