@@ -108,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     gui.add_argument("--preset", help="start with this preset")
     gui.add_argument("--settings", metavar="FILE.ini", help="settings file (default: the user's)")
     gui.add_argument("--run", action="store_true", help="start a run at once")
+    gui.add_argument("--threads", type=int, help="torch's CPU threads (default: torch's own, as `hfspec run` uses)")
     return parser
 
 
@@ -161,10 +162,11 @@ def _check_writable(path: str, field: str) -> None:
 
 
 def _check_plot_format(path: str) -> None:
-    try:
-        from matplotlib.figure import Figure
-    except ImportError as error:
-        raise HfspecError("--plot: matplotlib is not installed; allowed: pip install 'hfspec[plot]'") from error
+    from hfspec.extras import require_extra
+
+    require_extra("plot", "--plot", "drawing the sweep's figure")
+    from matplotlib.figure import Figure
+
     kinds = Figure().canvas.get_supported_filetypes()
     suffix = Path(path).suffix.lstrip(".").lower()
     if suffix not in kinds:
@@ -186,7 +188,12 @@ def _settings(args, **extra):
     settings = replace(RunSettings.from_preset(args.preset, **overrides), **extra).validated()
     for spec in (getattr(args, "drafts", None) or settings.draft).split(","):
         if spec.strip():
-            parse_draft_spec(spec.strip())  # a bad spec fails here, before any model loads
+            parsed = parse_draft_spec(spec.strip())  # a bad spec fails here, before any model loads
+            if parsed.kind == "bnb":  # and so does a missing optional extra
+                from hfspec.extras import require_extra
+
+                require_extra("bnb", "draft", f"{parsed.label} (bitsandbytes layers; without it: rtn2..rtn8[-gN], "
+                              "or a model folder / hub id)")
     return settings
 
 
@@ -320,13 +327,14 @@ def cmd_presets(args) -> int:
 
 
 def cmd_gui(args) -> int:
-    try:
-        from gui.app import main as gui_main
-    except ImportError as error:
-        raise HfspecError(f"gui: the dashboard needs PySide6 and pyqtgraph ({error}); allowed: "
-                          "pip install 'hfspec[gui]'") from error
+    from hfspec.extras import require_extra
+
+    require_extra("gui", "gui", "the dashboard")
+    from gui.app import main as gui_main
+
     return gui_main((["--preset", args.preset] if args.preset else []) + (["--run"] if args.run else [])
-                    + (["--settings", args.settings] if args.settings else []))
+                    + (["--settings", args.settings] if args.settings else [])
+                    + (["--threads", str(args.threads)] if args.threads is not None else []))
 
 
 def cmd_export_hub(args) -> int:

@@ -128,6 +128,14 @@ def check_exportable(spec):
                       f"allowed: {allowed}")
 
 
+def need_export_extra() -> None:
+    """The `export` extra (compressed-tensors: the checkpoint's version and the check that loads it back), or
+    HfspecError naming it, before anything loads or is written."""
+    from hfspec.extras import extra_version
+
+    extra_version("export", "export", "writing a compressed-tensors checkpoint")
+
+
 def check_out_folder(out, overwrite: bool = False) -> Path:
     """The output folder: new, empty, or (with overwrite) replaced; HfspecError naming OUT otherwise."""
     folder = Path(out).expanduser()
@@ -155,6 +163,7 @@ def export_draft(target: nn.Module, spec, out, *, tokenizer=None, gamma: int | N
     from hfspec import validate
 
     parsed = check_exportable(spec)
+    need_export_extra()
     if gamma is not None:
         validate.check_gamma(gamma)
         if gamma == "auto":
@@ -334,6 +343,7 @@ def export_draft_cli(target: str, spec: str, out, *, gamma: int | None = None, d
     from hfspec.loading import load_model, load_tokenizer
 
     check_exportable(spec)
+    need_export_extra()
     if gamma is not None:
         validate.check_gamma(gamma)
     check_out_folder(out, overwrite)

@@ -119,7 +119,7 @@ def rtn_dense(weight: torch.Tensor, bits: int, group_size: int) -> torch.Tensor:
 
 def quantization_config(bits: int, group_size: int, ignore: list[str]) -> dict:
     """The `quantization_config` of config.json for W{bits}A16 group-wise int weights."""
-    from importlib.metadata import version
+    from hfspec.extras import extra_version
 
     weights = {"num_bits": bits, "type": "int", "symmetric": symmetric_for(bits), "strategy": "group", "group_size": group_size,
                "dynamic": False, "actorder": None, "block_structure": None, "observer": "minmax",
@@ -132,7 +132,7 @@ def quantization_config(bits: int, group_size: int, ignore: list[str]) -> dict:
                                       "output_activations": None, "format": FORMAT}},
         "ignore": ignore,
         "kv_cache_scheme": None,
-        "version": version("compressed-tensors"),
+        "version": extra_version("export", "export", "writing a compressed-tensors checkpoint"),
     }
     if not symmetric_for(bits):
         # A transformers loading attribute: decompress while loading. Its other path (build the layers
@@ -145,11 +145,9 @@ def quantization_config(bits: int, group_size: int, ignore: list[str]) -> dict:
 
 def load_export(folder, dtype=None) -> nn.Module:
     """Load an exported draft with transformers (needs compressed-tensors); HfspecError naming the extra."""
-    try:
-        import compressed_tensors  # noqa: F401
-    except ImportError as error:
-        raise HfspecError("export: reading a compressed-tensors checkpoint needs the compressed-tensors package; "
-                          "allowed: pip install 'hfspec[export]'") from error
+    from hfspec.extras import require_extra
+
+    require_extra("export", "export", "reading a compressed-tensors checkpoint")
     from transformers import AutoModelForCausalLM
 
     kwargs = {"dtype": dtype} if dtype is not None else {}

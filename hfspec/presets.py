@@ -126,6 +126,9 @@ def preset_path(name_or_path) -> Path:
     text = name_or_path.strip()
     looks_like_path = text.endswith(".toml") or os.sep in text or "/" in text
     if looks_like_path:
+        from hfspec.loading.sources import check_name_lengths
+
+        check_name_lengths(text, "preset", "a preset name or a .toml file path")
         path = Path(text).expanduser()
         if not path.is_file():
             raise HfspecError(f"preset: file {text!r} not found; allowed: an existing .toml file or a preset name "
@@ -295,7 +298,10 @@ def _is_pathish(text: str) -> bool:
 
 def _resolve_model(where: str, key: str, value: str, base: Path, needs_download: bool) -> str:
     """Local folder (relative to the preset's folder) -> absolute path; else a hub id."""
+    from hfspec.loading.sources import check_name_lengths
+
     text = value.strip()
+    check_name_lengths(text, f"{where}: {key}")  # else the OS's "File name too long" from is_dir()
     local = (base / Path(text).expanduser()).resolve()
     if local.is_dir():
         if not (local / "config.json").is_file():

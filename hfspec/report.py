@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 from hfspec import verify_cost
-from hfspec.errors import HfspecError
 from hfspec.stats import SpecStats, estimated_speedup, expected_tokens_per_pass
 
 COLOURS = {"accepted": "\033[32m", "resampled": "\033[33m", "bonus": "\033[36m", "target": ""}
@@ -134,13 +133,14 @@ def dumps(data) -> str:
 def plot_sweep(rows: list[dict], path: str | Path) -> None:
     """The plate's figure: tokens per pass against γ (measured points ± 1 s.d. over repeats, formula curve) and
     speed-up against γ (measured ± 1 s.d., the estimate with the measured c_time, the weight-bound ideal)."""
-    try:
-        import matplotlib
+    from hfspec.extras import require_extra
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as error:
-        raise HfspecError("plot: matplotlib is not installed; allowed: pip install 'hfspec[plot]'") from error
+    require_extra("plot", "plot", "drawing the sweep's figure")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for i, draft in enumerate(dict.fromkeys(r["draft"] for r in rows)):
         pts = [r for r in rows if r["draft"] == draft and r["gamma"] != "auto"]

@@ -58,6 +58,10 @@ class RunSettings:
             value = getattr(self, name)
             if not isinstance(value, str) or not (value if name == "prompt" else value.strip()):
                 raise bad_value(name, value, what)
+            if name != "prompt":  # a name the OS refuses: said now, before any model loads
+                from hfspec.loading.sources import check_name_lengths
+
+                check_name_lengths(value.strip(), name)
         check_gamma(self.gamma)
         from hfspec.request import TREE_MAX
         if isinstance(self.tree, bool) or not isinstance(self.tree, int) or not 0 <= self.tree <= TREE_MAX:

@@ -21,11 +21,12 @@ LLM_INT8_THRESHOLD = 6.0  # BitsAndBytesConfig's default
 
 
 def _import_bnb():
-    try:
-        import bitsandbytes
-    except ImportError as err:
-        raise HfspecError("draft: bnb-* specs need bitsandbytes (pip install 'hfspec[bnb]'); allowed without it: "
-                          "rtn2..rtn8[-gN], or a model folder / hub id") from err
+    from hfspec.extras import require_extra
+
+    require_extra("bnb", "draft", "a bnb-* draft (bitsandbytes layers; without it: rtn2..rtn8[-gN], or a model "
+                  "folder / hub id)")
+    import bitsandbytes
+
     return bitsandbytes
 
 

@@ -77,7 +77,10 @@ class CompiledStep:
                 return
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(COMPILE_DIR)
         where = os.environ["TORCHINDUCTOR_CACHE_DIR"]
-        say(f"compiling the draft step (the first time takes a while; kept in {where} for the next run)…")
+        # whether inductor compiles from scratch is known only once it looks in its cache: said then (_ticker)
+        say(f"compiling the draft step (or reusing it from {where})…")
+        misses = _cache_misses()
+        scratch = f"compiling the draft step from scratch (the first time takes a while; kept in {where} for the next run)…"
         marker = Path(where) / NO_WRAPPER_MARKER
         wrapper = CPP_WRAPPER and not marker.exists()
         # (C++ wrapper, fresh) per attempt: as cached; afresh (a truncated artefact must not break the next run);
@@ -85,7 +88,7 @@ class CompiledStep:
         attempts = [(True, False), (True, True), (False, True)] if wrapper else [(False, False), (False, True)]
         for i, (with_wrapper, fresh) in enumerate(attempts):
             try:
-                with _ticker(say, began):
+                with _ticker(say, began, lambda fresh=fresh: fresh or _cache_misses() > misses, scratch) as ticker:
                     # a fresh try in our own (emptied) folder may cache again; in the user's, it bypasses the cache
                     self._compile_once(no_cache=fresh and not owned, wrapper=with_wrapper)
                 if wrapper and not with_wrapper:  # remember, so later builds skip the failing wrapper attempts
@@ -113,7 +116,8 @@ class CompiledStep:
         _end_compile_workers()
         self.seconds = time.perf_counter() - began
         self.path = "compiled"
-        say(f"compiled the draft step in {self.seconds:.1f} s")
+        reused = "" if ticker.scratch or _cache_misses() > misses else f" (reused from {where})"
+        say(f"compiled the draft step in {self.seconds:.1f} s{reused}")
 
     def _give_up(self, errors: list[str], say: Callable[[str], None], began: float) -> None:
         """The eager lean step, with a warning saying why (one wording for every way a compile can fail)."""
@@ -194,16 +198,30 @@ class _quiet_inductor:
 
 
 class _ticker:
-    """Calls `say("still compiling… N s")` every PROGRESS_EVERY seconds while the block runs."""
+    """Calls `say("still compiling… N s")` every PROGRESS_EVERY seconds while the block runs, and says `scratch`
+    once as soon as `from_scratch()` is true (inductor missed its cache: a real compile, which takes a while)."""
 
-    def __init__(self, say: Callable[[str], None], began: float):
+    POLL = 0.25  # seconds between looks at `from_scratch`
+
+    def __init__(self, say: Callable[[str], None], began: float, from_scratch: Callable[[], bool] = lambda: False,
+                 scratch: str = ""):
         self.say, self.began, self.done = say, began, threading.Event()
+        self.from_scratch, self.scratch_message, self.scratch = from_scratch, scratch, False
+
+    def _look(self) -> None:
+        if not self.scratch and self.from_scratch():
+            self.scratch = True
+            self.say(self.scratch_message)
 
     def __enter__(self):
         def tick():
-            while not self.done.wait(PROGRESS_EVERY):
+            last = time.perf_counter()
+            while not self.done.wait(self.POLL):
                 try:
-                    self.say(f"still compiling the draft step… {time.perf_counter() - self.began:.0f} s")
+                    self._look()
+                    if time.perf_counter() - last >= PROGRESS_EVERY:
+                        last = time.perf_counter()
+                        self.say(f"still compiling the draft step… {last - self.began:.0f} s")
                 except Exception:  # noqa: BLE001 - a stop request cannot interrupt a compile; stop ticking
                     return
         self.thread = threading.Thread(target=tick, daemon=True)
@@ -213,7 +231,18 @@ class _ticker:
     def __exit__(self, *exc):
         self.done.set()
         self.thread.join()
+        try:
+            self._look()  # a compile quicker than one poll
+        except Exception:  # noqa: BLE001 - as in tick
+            pass
         return False
+
+
+def _cache_misses() -> int:
+    """Inductor's compiled-graph cache misses so far in this process (each one a compile from scratch)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"]["fxgraph_cache_miss"])
 
 
 def _end_compile_workers() -> None:

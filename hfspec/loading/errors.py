@@ -44,7 +44,9 @@ def translate(exc: Exception, src: ResolvedSource, role: str, what: str) -> Hfsp
                 "and needs `hf auth login`); allowed: a local folder, a .gguf file, or a hub id"
             )
     if "gguf" in low and isinstance(exc, (ImportError, ModuleNotFoundError)):
-        return HfspecError(f"{role}: reading GGUF needs the 'gguf' package: pip install 'hfspec[gguf]'")
+        from hfspec.extras import missing_extra
+
+        return missing_extra("gguf", role, "reading GGUF")
     return HfspecError(f"{role}: could not load the {what} from {src.describe()!r}: {text.strip()}")
 
 

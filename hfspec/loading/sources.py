@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +15,21 @@ TOKENIZER_FILES = (
     "vocab.json",
     "spiece.model",
 )
+NAME_MAX = 255  # bytes in one folder or file name on the usual file systems (ext4, btrfs, APFS, NTFS)
+
+
+def check_name_lengths(source: str, role: str = "model",
+                       allowed: str = "a model folder, a .gguf file or a hub id") -> None:
+    """HfspecError naming `role` when a folder or file name in the path `source` is longer than NAME_MAX bytes,
+    which the operating system refuses ("File name too long"): said before anything is looked up or loaded."""
+    for part in os.path.expanduser(source).replace("\\", "/").split("/"):
+        size = len(part.encode("utf-8", "surrogateescape"))
+        if size > NAME_MAX:
+            raise HfspecError(
+                f"{role}: the name {part[:32] + '…'!r} in {source[:48] + '…'!r} is {size} bytes long, over the "
+                f"{NAME_MAX} a folder or file name can have; allowed: {allowed} whose names are at most "
+                f"{NAME_MAX} bytes each"
+            )
 
 
 
@@ -67,6 +81,7 @@ def resolve_source(source, *, gguf_file=None, role: str = "model") -> ResolvedSo
             "like 'HuggingFaceTB/SmolLM2-135M-Instruct'"
         )
     source = source.strip()
+    check_name_lengths(source if gguf_file is None else os.path.join(source, os.fspath(gguf_file)), role)
     expanded = os.path.expanduser(source)
     if gguf_file is not None:
         return _with_gguf_file(source, expanded, os.fspath(gguf_file), role)
@@ -176,11 +191,9 @@ def hub_offline() -> bool:
 
 
 def need_gguf(role: str, src: ResolvedSource):
-    if importlib.util.find_spec("gguf") is None:
-        raise HfspecError(
-            f"{role}: loading the GGUF file {src.describe()!r} needs the 'gguf' package, which is "
-            "not installed; install it with: pip install 'hfspec[gguf]'  (or: pip install gguf)"
-        )
+    from hfspec.extras import require_extra
+
+    require_extra("gguf", role, f"loading the GGUF file {src.describe()!r}")
 
 
 def common_kwargs(src: ResolvedSource, trust_remote_code: bool) -> dict:
