@@ -335,6 +335,27 @@ class ControlPanel(QWidget):
         self.progress.setValue(min(value, maximum))
         self.progress.setFormat("%v / %m tokens")
 
+    def set_finished(self, new_tokens: int, maximum: int, reason: str = "", stopped: bool = False) -> None:
+        """A run ended: the bar is full (a run that ended at EOS or a stop string is done too, and says so); a
+        run stopped by the user stays where it stopped."""
+        self.progress.setRange(0, max(1, maximum))
+        self.progress.setValue(min(new_tokens, maximum) if stopped else max(1, maximum))
+        why = "" if new_tokens >= maximum and not stopped else \
+            " · stopped" if stopped else " · ended at EOS" if reason == "EOS" else f" · ended by {reason}" if reason else ""
+        self.progress.setFormat(f"{new_tokens} / {maximum} tokens{why}")
+
+    def set_failed(self, what: str) -> None:
+        """A job failed: the bar says so (the status bar and the dialog say why) instead of going blank."""
+        self.progress.setRange(0, 1)
+        self.progress.setValue(0)
+        self.progress.setFormat(what)
+
+    def reset_progress(self) -> None:
+        """Nothing on the bar: the settings changed since the last job, whose progress no longer applies."""
+        self.progress.setRange(0, 1)
+        self.progress.setValue(0)
+        self.progress.setFormat("")
+
     def set_point(self, index: int, total: int) -> None:
         """Sweep / compare: point `index` (from 1) of `total` is being measured."""
         self.progress.setRange(0, max(1, total))

@@ -36,6 +36,8 @@ class FileActions:
             dtype = shown.settings.dtype
             self.live.set_exactness(exactness_line(dtype) if dtype and dtype != "auto" else "")
             self.live.form_changed(self._form_settings())
+            s = shown.stats
+            self.controls.set_finished(s.new_tokens, shown.settings.max_new_tokens, shown.stop_reason, s.stopped)
         if sweep is not None:
             self.sweep.show_result(sweep)
         if compare is not None:

@@ -79,6 +79,8 @@ class MainWindow(FileActions, QMainWindow):
         self.controls.stop_requested.connect(c.stop)
         self.controls.edited.connect(self._form_edited)
         self.sweep.run_requested.connect(self.start_sweep)
+        self.sweep.drafts.textChanged.connect(self._recheck_input)
+        self.compare.items.textChanged.connect(self._recheck_input)
         self.compare.run_requested.connect(self.start_compare)
         c.busy_changed.connect(self._busy)
         c.live.connect(self._live)
@@ -87,9 +89,10 @@ class MainWindow(FileActions, QMainWindow):
         w.generating.connect(self._generating)
         w.step.connect(self.controls.set_point)
         w.item.connect(self._item)
-        w.failed.connect(self.show_error)
+        w.failed.connect(self._job_failed)
         w.cancelled.connect(self._cancelled)
         self.last_error: tuple[str, str] | None = None
+        self._input_error = False  # the status bar's error is about the input (cleared once it validates)
         hints = QGuiApplication.styleHints()
         self._follows_theme = hasattr(hints, "colorSchemeChanged")
         if self._follows_theme:
@@ -132,6 +135,7 @@ class MainWindow(FileActions, QMainWindow):
 
     def show_error(self, title: str, message: str) -> None:
         self.last_error = (title, message)
+        self._input_error = title == "Settings"
         self._reported = True
         self.clock.stop()
         self._status(f"Error: {message.splitlines()[0] if message else title}")
@@ -143,6 +147,28 @@ class MainWindow(FileActions, QMainWindow):
         self.glossary.show()
         self.glossary.raise_()
         return self.glossary
+
+    def _job_failed(self, title: str, message: str) -> None:
+        """The worker's job failed: the progress bar says so (not blank), then the error as any other."""
+        self.controls.set_failed(title.split(":")[0].lower())
+        self.show_error(title, message)
+
+    def _input_valid(self) -> bool:
+        """The form, and the Sweep and Compare tabs' drafts, as a Run, Sweep or Compare would check them."""
+        try:
+            self.controls.settings().validated()
+            for spec in [*parse_list(self.sweep.drafts.text()),
+                         *(e.rpartition("|")[2].strip() for e in self.compare.entries())]:
+                registry.parse(spec)
+        except HfspecError:
+            return False
+        return True
+
+    def _recheck_input(self) -> None:
+        """An error about the input leaves the status bar once the input validates."""
+        if self._input_error and not self.controller.busy and self._input_valid():
+            self._input_error = False
+            self._status("Ready")
 
     def _system_theme_changed(self, _scheme) -> None:
         self.follow_system_theme()
@@ -259,6 +285,7 @@ class MainWindow(FileActions, QMainWindow):
         self.live.form_changed(self._form_settings())
         shown = self.live.result
         s, m = shown.stats, shown.measured
+        self.controls.set_finished(s.new_tokens, out.settings.max_new_tokens, shown.stop_reason, s.stopped)
         how = "stopped" if s.stopped else "done"
         ended = f", ended by {shown.stop_reason}" if shown.stop_reason else ""
         speed = f", measured {m.speedup:.2f}×{' (rough)' if m.rough else ''}" if m and m.speedup else ""
@@ -281,6 +308,9 @@ class MainWindow(FileActions, QMainWindow):
 
     def _form_edited(self) -> None:
         self.live.form_changed(self._form_settings())
+        if not self.controller.busy:
+            self.controls.reset_progress()  # the last job's progress is not of these settings
+            self._recheck_input()
 
     def _status(self, text: str) -> None:
         """A line in the status bar, shortened with "…" to fit; the whole of it in the bar's tooltip."""

@@ -83,14 +83,36 @@ def restore_window(window) -> None:
 def save_window(window) -> None:
     from hfspec.errors import HfspecError
 
-    try:
-        save_run_settings(window.store, window.controls.settings())
+    try:  # an invalid form is not persisted: the last valid settings stay
+        save_run_settings(window.store, window.controls.settings().validated())
     except HfspecError:
         pass
     window.store.setValue("window/geometry", window.saveGeometry())
     for key, view, name in INPUTS:
-        save_value(window.store, key, _get(getattr(getattr(window, view), name)))
+        value = _get(getattr(getattr(window, view), name))
+        if valid_input(key, value):  # else the last valid value stays
+            save_value(window.store, key, value)
     window.store.sync()
+
+
+def valid_input(key: str, value) -> bool:
+    """Whether a kept input holds what its tab would accept: every draft of the Sweep and Compare tabs parses."""
+    from hfspec.drafts import registry
+    from hfspec.errors import HfspecError
+    from hfspec.session import parse_list
+
+    if key == "sweep/drafts":
+        specs = parse_list(str(value))
+    elif key == "compare/items":
+        specs = [line.rpartition("|")[2].strip() for line in str(value).splitlines() if line.strip()]
+    else:
+        return True
+    try:
+        for spec in specs:
+            registry.parse(spec)
+    except HfspecError:
+        return False
+    return True
 
 
 def _get(widget):
