@@ -23,6 +23,10 @@ probability of the draft's distribution q_j (fixed before x_j is drawn), never x
 x_j is still distributed as q_j and the verification (which uses q_j) stays exact at any temperature; at
 temperature 0 any proposal keeps the target's greedy text. Until `MIN_ROUNDS` rounds were measured the draft
 proposes the full γ (chain).
+
+Reproducibility: where it stops changes which random numbers a round draws, so a seeded run (`EarlyExit.freeze`)
+prices tokens from a cost profile fixed before decoding (the bytes ratio in the paper's model) instead of the
+run's timings: the seed alone fixes the text, as for γ "auto" (`hfspec.gamma`).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from __future__ import annotations
 import torch
 
 from hfspec.costmodel import Acceptance, CostModel, CostRecord
+from hfspec.gamma import DEFAULT_C
 
 BINS = 10
 PRIOR = 2.0  # pseudo-counts of a confidence bin at the pooled α
@@ -53,14 +58,24 @@ class EarlyExit:
         self.checked = [0.0] * BINS
         self._confidence: list[list[float]] = []  # per proposed position, per row, this round
         self._costs = None  # (include cost, continue cost) in tokens, refreshed each round
+        self._cap = 0  # this round's γ
+        self.frozen_c: float | None = None  # `freeze`: the cost profile fixed before the run
         self.stopped_early = 0
+
+    def freeze(self, c: float) -> None:
+        """Decide from costs fixed before decoding, never from this run's timings (a seeded run: the text must
+        depend on the seed alone, as for γ "auto", see `hfspec.gamma`). The paper's model with c (e.g. the bytes
+        ratio): proposing a drafted position is free (one verify pass), another draft step costs c target
+        steps, valued at the rate E[tokens | γ] / (1 + γc) tokens per target step."""
+        self.frozen_c = c if c > 0 else DEFAULT_C
 
     # -------------------------------------------------------------- policy interface
     def next(self) -> int:
         self._confidence = []
         self._reach = None
+        self._cap = self.inner.next()
         self._costs = self._token_costs()
-        return self.inner.next()
+        return self._cap
 
     def update(self, gamma: int, accepted: int, checked: int, draft_seconds: float, target_seconds: float) -> None:
         self.inner.update(gamma, accepted, checked, draft_seconds, target_seconds)
@@ -119,6 +134,11 @@ class EarlyExit:
         at the run's predicted rate per row; None (propose the full γ) until enough rounds were measured."""
         if self.token_costs is not None:
             return self.token_costs
+        if self.frozen_c is not None:
+            if not sum(self.checked):
+                return None
+            gamma = max(1, self._cap)
+            return 0.0, Acceptance(self.alpha).expected(gamma) / (1 + gamma * self.frozen_c) * self.frozen_c
         if self.costs.rounds < MIN_ROUNDS or not sum(self.checked):
             return None
         model = CostModel.fit(self.costs)

@@ -64,10 +64,14 @@ def speculative_generate(
     stats = SpecStats(target_bytes=weight_bytes(model), draft_bytes=weight_bytes(request.draft),
                       target_dtype=_dtype_name(model))
     eos = generation_config._eos_token_tensor
+    if request.plain:
+        policy = FixedGamma(0)
+    else:  # with a seed, γ "auto" must not read this run's timings: the text must depend on the seed alone
+        policy = _policy(request.gamma, stats) if request.seed is None else _seeded_policy(request.gamma, stats)
     job = DecodeJob(
         scorer=Scorer(logits_processor, bool(generation_config.do_sample), validate.vocab_size(model)),
         stopper=Stopper(stopping_criteria, eos, generation_config.max_length),
-        policy=_policy(request.gamma, stats) if not request.plain else FixedGamma(0),
+        policy=policy,
         pad_token_id=_pad_id(generation_config._pad_token_tensor, eos),
         generator=_generator(request.seed, input_ids.device),
         streamer=streamer,
@@ -80,6 +84,8 @@ def speculative_generate(
     if request.early_exit:
         check_early_exit(request.early_exit, draft)
         job.policy = with_early_exit(job.policy, stats)
+        if request.seed is not None and hasattr(job.policy, "freeze"):
+            job.policy.freeze(stats.c_bytes)  # like γ "auto": a seeded run's text must not depend on timing
     result = decode(model, draft, input_ids, model_kwargs.get("attention_mask"), job)
     if generation_config.return_dict_in_generate:
         return SpeculativeOutput(sequences=result.sequences, stats=result.stats, token_kinds=result.kinds)
@@ -104,6 +110,11 @@ def generate(
     **generation_kwargs,
 ) -> SpeculativeOutput:
     """Speculative decoding of `target` with `draft`; returns `.sequences`, `.stats` and `.token_kinds`.
+
+    gamma: draft tokens per round, or "auto" (`hfspec.gamma`): chosen each round from α and the costs. With a
+    `seed`, "auto" and the early exit decide from costs fixed before decoding (the bytes ratio), never from the
+    run's timings, so a seed gives the same text run after run whatever the machine's load; without one they
+    read the run's timings ("auto" through medians over recent rounds, so a few slow passes do not move it).
 
     early_exit: the draft may stop a round early (γ is then the cap) when its calibrated confidence and the
     cost model say another token does not pay (`hfspec.early_exit`); exact, like any proposal.
@@ -166,8 +177,17 @@ def _generator(seed: int | None, device) -> torch.Generator | None:
 
 
 def _policy(gamma, stats: SpecStats):
+    """The γ policy of a run without a seed: γ "auto" reads the run's timings (robustly, see `hfspec.gamma`)."""
     if gamma == "auto":
         return AdaptiveGamma(c_prior=stats.c_bytes, costs=stats.costs)
+    return FixedGamma(int(gamma))
+
+
+def _seeded_policy(gamma, stats: SpecStats):
+    """The γ policy of a seeded run: γ "auto" is frozen, deciding from acceptance and the bytes ratio only, never
+    from this run's timings, so the seed alone fixes the text on a quiet or a busy machine (`hfspec.gamma`)."""
+    if gamma == "auto":
+        return AdaptiveGamma(c_prior=stats.c_bytes, timed=False)
     return FixedGamma(int(gamma))
 
 

@@ -1,5 +1,8 @@
 """γ = "auto": chosen from live α and c before each round, so exactness is untouched."""
 
+import random
+import time
+
 import pytest
 import torch
 from test_distribution import exact_law, p_value, run
@@ -7,6 +10,8 @@ from test_distribution import pair as distribution_pair  # noqa: F401  (fixture)
 from tiny_models import build, perturbed
 
 import hfspec
+from hfspec.costmodel import CostModel
+from hfspec.costrecord import CostRecord, RoundSeconds
 from hfspec.gamma import AdaptiveGamma
 
 
@@ -88,3 +93,121 @@ def test_first_clean_measurement_replaces_the_prior():
     policy.update(4, 4, 4, 0.2, 1.0)
     assert policy.c == pytest.approx(0.2)
     assert policy.next() >= 2  # with α high and c = 0.2, speculation pays
+
+
+# ------------------------------------------------------------------ robust to timing noise (issue 30, item 1)
+def lockstep(alpha, c, slow=(), slow_target=(), rounds=80, costs=False, seed=0, **kw):
+    """A live policy fed timings with 10x outliers (draft and time outside forwards slow in `slow` rounds, the
+    target in `slow_target`) beside a twin fed the same rounds without them; (noisy γ, twin's γ) per round.
+    Seconds: a draft step c, a verify pass 1 + 0.05 per position, 0.02 outside forwards."""
+    gen = torch.Generator().manual_seed(seed)
+    noisy, twin = (AdaptiveGamma(gamma_max=16, c_prior=c, costs=CostRecord() if costs else None, **kw)
+                   for _ in range(2))
+    chosen = []
+    for r in range(rounds):
+        g = noisy.next()
+        chosen.append((g, twin.next()))
+        n = int((torch.rand(g, generator=gen) < alpha).long().cumprod(0).sum())
+        for policy, f, ft in ((noisy, 10.0 if r in slow else 1.0, 10.0 if r in slow_target else 1.0),
+                              (twin, 1.0, 1.0)):
+            target = (1.0 + 0.05 * (g + 1)) * ft
+            policy.update(g, n, min(n + 1, g), c * f, target)  # the loop's order: update, then the record
+            if policy.costs is not None:
+                policy.costs.record(g, g + 1, 1, RoundSeconds(g * c * f, target, 0.02 * f), prefill=r == 0,
+                                    accepted=n)
+    return chosen
+
+
+SLOW, SLOW_TARGET = (9, 10, 31, 52, 53), (40,)
+
+
+@pytest.mark.parametrize("costs", [False, True], ids=["formula", "cost-model"])
+def test_a_few_slow_passes_do_not_move_gamma(costs):
+    """α 0.94, a cheap draft, five 10x slow draft rounds and one slow target pass: never plain decoding, and
+    every round's γ within 1 of what the same rounds without the outliers give."""
+    chosen = lockstep(0.94, 0.16, SLOW, SLOW_TARGET, costs=costs)
+    noisy = [g for g, _ in chosen]
+    assert 0 not in noisy, noisy
+    assert all(abs(g - t) <= 1 for g, t in chosen), chosen
+    assert min(noisy[20:]) >= 3, "α 0.94 and c 0.16: speculation pays well"
+
+
+@pytest.mark.parametrize("costs", [False, True], ids=["formula", "cost-model"])
+def test_a_draft_as_slow_as_the_target_still_backs_off(costs):
+    """Negative control: the same outliers, but every draft step costs a target pass: plain decoding (with its
+    γ 1 probes) wins, and the robust policy must still find that out."""
+    chosen = lockstep(0.94, 1.1, SLOW, SLOW_TARGET, costs=costs)
+    later = [g for g, _ in chosen[30:]]
+    assert later.count(0) >= 0.75 * len(later) and 1 in later, later
+
+
+def test_plain_decoding_needs_several_clean_measurements():
+    """One slow measurement (the only one so far) may lower γ but not stop drafting."""
+    policy = AdaptiveGamma(gamma_max=16, c_prior=0.16)
+    policy.update(4, 4, 4, 0.16, 1.0)  # round 1: the prompt
+    policy.update(4, 4, 4, 1.6, 1.0)  # a 10x slow draft pass
+    assert policy.c == pytest.approx(1.6)
+    assert policy.next() >= 1
+
+
+# ------------------------------------------------------------------ reproducible by seed (issue 30, item 2)
+def test_frozen_policy_never_reads_timings():
+    """Frozen (what a seed selects): the same rounds with any timings give the same γ sequence."""
+    runs = []
+    for noise in range(3):
+        gen = torch.Generator().manual_seed(noise)
+        policy, outcomes, chosen = AdaptiveGamma(c_prior=0.3, timed=False), torch.Generator().manual_seed(7), []
+        for _ in range(60):
+            g = policy.next()
+            chosen.append(g)
+            n = int((torch.rand(g, generator=outcomes) < 0.8).long().cumprod(0).sum())
+            d, t = (float(v) for v in torch.rand(2, generator=gen) * 10)
+            policy.update(g, n, min(n + 1, g), d, t)
+        runs.append(chosen)
+    assert runs[0] == runs[1] == runs[2]
+    assert len(set(runs[0])) > 1, "γ still follows α"
+
+
+def test_frozen_policy_decides_from_a_given_cost_model():
+    """A profile fitted before the run (here: a verify pass far dearer than a step) decides, not c."""
+    profile = CostModel(step=1.0, verify_a=1.0, verify_b=3.0, draft_a=0.0, draft_b=0.01, draft_zero=0.0,
+                        other_a=0.0, other_b=0.0, plain_other=0.0)
+    policy = AdaptiveGamma(c_prior=0.01, timed=False, profile=profile)
+    for _ in range(10):
+        policy.update(policy.next() or 1, 1, 1, 0.0, 0.0)
+    assert policy.next() == 0  # every extra position costs 3 steps: never pays
+    assert AdaptiveGamma(c_prior=0.01, timed=False).next() > 0
+
+
+def noisy_clock(seed):
+    """A time.perf_counter that advances by random amounts, with 10x spikes: a busy machine."""
+    rng, now = random.Random(seed), [0.0]
+
+    def clock():
+        now[0] += rng.expovariate(1e3) * (10.0 if rng.random() < 0.1 else 1.0)
+        return now[0]
+
+    return clock
+
+
+@pytest.mark.parametrize("arch, early_exit", [("qwen2", False), ("llama", True)])
+def test_auto_gamma_text_depends_on_the_seed_not_on_timing(monkeypatch, arch, early_exit):
+    """Three runs with seed 21 on three differently busy (random) clocks give one text; another seed another.
+    The draft is priced at a tenth of the target's bytes so that γ ranges over several values. With the early
+    exit too (a γ policy that also priced tokens from the run's timings)."""
+    target = build(arch, init=0.2)
+    draft = perturbed(target, scale=0.2)
+    ids = torch.tensor([[0, 5, 17, 33]])
+    monkeypatch.setattr(hfspec.hf, "weight_bytes", lambda model: 0 if model is None else 10 if model is draft else 100)
+
+    def generate(seed, clock_seed):
+        with monkeypatch.context() as patch:
+            patch.setattr(time, "perf_counter", noisy_clock(clock_seed))
+            return hfspec.generate(target, ids, draft=draft, gamma="auto", temperature=1.0, max_new_tokens=60,
+                                   min_new_tokens=60, seed=seed, early_exit=early_exit)
+
+    runs = [generate(21, clock) for clock in (1, 2, 3)]
+    assert all(torch.equal(r.sequences, runs[0].sequences) for r in runs)
+    assert all(r.stats.gamma_per_round == runs[0].stats.gamma_per_round for r in runs)
+    assert len(set(runs[0].stats.gamma_per_round)) > 2, "γ still moves with α"
+    assert not torch.equal(generate(22, 1).sequences, runs[0].sequences), "another seed, another text"
