@@ -179,11 +179,18 @@ COMPARED = ("target", "draft", "gamma", "temperature", "top_k", "top_p", "max_ne
             "chat", "ignore_eos", "device", "dtype")
 
 
+# the form's own words for each compared setting (what the change banner names)
+LABELS = {"target": "target", "draft": "draft", "gamma": "γ", "temperature": "temperature", "top_k": "top-k",
+          "top_p": "top-p", "max_new_tokens": "max new tokens", "seed": "seed", "prompt": "prompt",
+          "chat": "chat template", "ignore_eos": "ignore EOS", "device": "device", "dtype": "precision"}
+
+
 def changed_fields(shown, form) -> list[str]:
-    """The settings (of COMPARED) in which the form differs from the settings of the results on show."""
+    """The settings (of COMPARED) in which the form differs from the settings of the results on show, by the
+    labels the form shows them under."""
     if shown is None or form is None:
         return []
-    return [name for name in COMPARED if getattr(shown, name, None) != getattr(form, name, None)]
+    return [LABELS[name] for name in COMPARED if getattr(shown, name, None) != getattr(form, name, None)]
 
 
 def stats_from_dict(data: dict | None) -> SpecStats | None:

@@ -72,6 +72,17 @@ CARDS = [  # key, caption, tooltip, widest expected value
 SPEED_BARS = [("est", "estimated"), ("measured", "measured"), ("ideal", "ideal")]
 
 
+def prompt_note(settings, room: int = 60) -> str:
+    """' · prompt "…"' for the Shown line: the prompt's start on one line, HTML-escaped."""
+    import html
+
+    prompt = " ".join(str(getattr(settings, "prompt", "") or "").split())
+    if not prompt:
+        return ""
+    short = prompt if len(prompt) <= room else prompt[:room - 1] + "…"
+    return f" · prompt “{html.escape(short)}”"
+
+
 class LiveView(QWidget):
     """Rolling acceptance, tokens per pass vs the formula with γ per pass, speed-ups, acceptance by position,
     the coloured text."""
@@ -93,10 +104,14 @@ class LiveView(QWidget):
         self.alpha_plot = make_plot("Acceptance rate", "target pass", "α")
         self.alpha_plot.setYRange(0, 1.02)
         self.alpha_plot.enableAutoRange(axis="y", enable=False)
+        # symbols as well as lines: a pass that checked something between two that did not (NaN gaps) has no
+        # line segment, and would not show at all
         self.rolling_curve = self.alpha_plot.plot(pen=pg.mkPen(PALETTE[0], width=2), connect="finite",
-                                                  name=f"rolling ({ROLLING_WINDOW} passes)")
+                                                  symbol="o", symbolSize=4, symbolPen=None,
+                                                  symbolBrush=PALETTE[0], name=f"rolling ({ROLLING_WINDOW} passes)")
         self.alpha_curve = self.alpha_plot.plot(pen=pg.mkPen(PALETTE[1], width=2, style=Qt.PenStyle.DashLine),
-                                                connect="finite", name="cumulative")
+                                                connect="finite", symbol="o", symbolSize=3, symbolPen=None,
+                                                symbolBrush=PALETTE[1], name="cumulative")
 
         self.tpp_plot = make_plot("Tokens per target pass, γ per pass", "target pass", "tokens", 3)
         self.gamma_curve = self.tpp_plot.plot(pen=pg.mkPen("#999", width=1.5), stepMode="left",
@@ -227,7 +242,7 @@ class LiveView(QWidget):
             style = f"color:{t.muted};"
         else:
             where = f" (opened from {self.result.source})" if self.result and self.result.source else ""
-            text = f"<b>Shown:</b> {describe(self.shown_settings)}{where}"
+            text = f"<b>Shown:</b> {describe(self.shown_settings)}{prompt_note(self.shown_settings)}{where}"
             style = ""
             if self._pending:
                 text += f"<br><b>Now loading:</b> {self._pending} (the results above are the previous run's)"

@@ -18,11 +18,13 @@ from gui.live_view import LiveView
 from gui.plots import configure_pyqtgraph
 from gui.sweep_view import SweepView
 from gui.worker import Job, RunController
+from hfspec import verify_cost
 from hfspec.drafts import registry
 from hfspec.errors import HfspecError
 from hfspec.session import Session, SweepResult, parse_list
 
 DEFAULT_SIZE = (1400, 900)
+GUI_BF16 = "choosing bfloat16 in the Precision box on the left"  # the advice line's remedy, in the form's words
 FRAME_ROOM = (16, 48)  # a window manager's borders and title bar, before the frame is known
 
 
@@ -280,7 +282,7 @@ class MainWindow(FileActions, QMainWindow):
         if self._take_fresh():
             self.live.clear(out.settings.prompt, out.settings)
         self.live.finish(out, self.controller.worker.conditions)
-        advice = out.summary().get("advice") or ""
+        advice = verify_cost.advice(out.stats, out.baseline, switch=GUI_BF16) or ""
         self.live.set_exactness("\n".join(line for line in (self.controller.worker.exactness, advice) if line))
         self.live.form_changed(self._form_settings())
         shown = self.live.result

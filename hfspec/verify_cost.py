@@ -48,9 +48,14 @@ def _recorded_ratio(stats) -> float | None:
     return model.verify(width) / model.step if model.step > 0 else None
 
 
-def advice(stats, baseline, dtype=None) -> str | None:
+CLI_SWITCH = ("--dtype bfloat16 (or, in Python, hfspec.fast_linear.prepack(target): a second fp32 copy of the "
+              "weights)")
+
+
+def advice(stats, baseline, dtype=None, switch: str = CLI_SWITCH) -> str | None:
     """One line recommending bfloat16 when the verify pass costs over VERIFY_BOTTLENECK one-token steps, with the
-    measured ratio; None otherwise. `dtype`: the target's, when known (a bf16 target gets no such advice)."""
+    measured ratio; None otherwise. `dtype`: the target's, when known (a bf16 target gets no such advice).
+    `switch`: how to get bfloat16 where the line is read (the CLI's flag; the dashboard names its own control)."""
     ratio = verify_ratio(stats, baseline)
     if ratio is None or ratio <= VERIFY_BOTTLENECK:
         return None
@@ -58,6 +63,4 @@ def advice(stats, baseline, dtype=None) -> str | None:
     if name in ("bfloat16", "float16"):
         return None
     return (f"verify pass {ratio:.1f}× a one-token step: the target's pass over γ+1 positions limits the "
-            f"speed-up; float32 matmuls over several rows are slow on CPUs, bfloat16 ones are not: try "
-            f"--dtype bfloat16 (or, in Python, hfspec.fast_linear.prepack(target): a second fp32 copy of the "
-            f"weights)")
+            f"speed-up; float32 matmuls over several rows are slow on CPUs, bfloat16 ones are not: try {switch}")

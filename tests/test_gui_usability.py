@@ -239,7 +239,7 @@ def test_results_say_which_settings_produced_them(qtbot, window):
     assert c.target.isEnabled() and c.gamma.isEnabled() and not c.prompt.isReadOnly()
     assert "γ 4" in live.origin.text() and "rtn4-compiled" in live.origin.text()
     c.gamma.setValue(7)
-    assert "form has changed since (gamma)" in live.origin.text()  # γ 7 on the form, results of γ 4
+    assert "form has changed since (γ)" in live.origin.text()  # γ 7 on the form, results of γ 4
     c.gamma.setValue(4)
     assert "changed" not in live.origin.text()
     c.set_draft("rtn3")

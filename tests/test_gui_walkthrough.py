@@ -80,3 +80,38 @@ def test_invalid_inputs_are_not_saved(qtbot, window, tmp_path):
     assert store.load_value(kept, "sweep/drafts") == "rtn4, rtn8"
     assert store.load_value(kept, "compare/items") == "rtn4\nrtn8"
     assert json.loads(kept.value("run/settings"))["prompt"] != ""
+
+
+# ------------------------------------------------------------------------------------- the Live tab's words
+def test_the_alpha_chart_shows_a_single_checked_pass_between_gaps(qtbot, window):
+    live = window.live
+    live.clear()
+    for index, accepted, checked, alpha in ((1, 0, 0, None), (2, 2, 4, 0.5), (3, 0, 0, 0.5)):
+        live._push(index, 4, accepted, checked, 1, 1.0, alpha)
+    live.redraw()
+    for curve in (live.rolling_curve, live.alpha_curve):
+        assert curve.opts["connect"] == "finite" and curve.opts["symbol"] is not None
+        shown = [p.pos() for p in curve.scatter.points()]
+        assert [(p.x(), p.y()) for p in shown if p.y() == p.y()] == [(2.0, 0.5)]  # the lone pass is drawn
+
+
+def test_the_shown_line_has_the_prompt_and_the_banner_the_forms_labels(qtbot, window):
+    c = window.controls
+    c.prompt.setPlainText("Tell me <b>everything</b>\nabout bees")
+    c.max_new_tokens.setValue(4)
+    _run(qtbot, window)
+    assert "prompt “Tell me &lt;b&gt;everything&lt;/b&gt; about bees”" in window.live.origin.text()
+    c.max_new_tokens.setValue(5)
+    c.top_k.setValue(3)
+    assert "form has changed since (top-k, max new tokens)" in window.live.origin.text()
+
+
+def test_the_bf16_advice_names_the_dashboards_precision_box(qtbot, window, monkeypatch):
+    from hfspec import verify_cost
+
+    monkeypatch.setattr(verify_cost, "verify_ratio", lambda stats, baseline: 2.5)  # as on a slow fp32 CPU
+    window.controls.max_new_tokens.setValue(4)
+    window.controls.baseline.setChecked(True)
+    _run(qtbot, window)
+    note = window.live.exactness.text()
+    assert "verify pass 2.5×" in note and "bfloat16 in the Precision box" in note and "--dtype" not in note
