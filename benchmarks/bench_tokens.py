@@ -6,13 +6,13 @@ draft-side early exit, greedy and sampled.
 
 Each row runs `repeats` (speculative, plain) pairs of exactly `max_new_tokens` tokens, alternating which goes
 first, in one process: the measured speed-up is pooled speculative tokens/s over pooled plain tokens/s (as
-`hfspec sweep` does). Three estimates stand beside it:
+`hfspec sweep` does). Three figures stand beside it:
 
 - predicted: the cost model fitted to the speculative runs and the plain runs timed beside them (what the CLI,
   the dashboard and the sweep show);
 - predicted alone: the cost model fitted to the speculative runs only (the one-token step from the timing passes
-  after each run; what `SpecStats.estimated_speedup` gives a library user);
-- paper: (1 − α^(γ+1)) / ((1 − α)(1 + γc)) with the measured c, which leaves out the verify width, the time
+  after each run; what `SpecStats.predicted_speedup` gives a library user);
+- paper (`paper_speedup`): (1 − α^(γ+1)) / ((1 − α)(1 + γc)) with the measured c, which leaves out the verify width, the time
   outside forwards and the prefill.
 
 With --cross-gamma G a chain row is also measured at γ = G and predicted there from the model fitted at the
@@ -101,7 +101,7 @@ def measure(target, draft, ids, gamma: int, early_exit: bool, temperature: float
     alone = copy.copy(pooled)
     alone.plain_costs = None
     measured = pooled.tokens_per_second / base.tokens_per_second
-    predicted = pooled.estimated_speedup
+    predicted = pooled.predicted_speedup
     return {
         "alpha": pooled.alpha, "tokens_per_pass": pooled.tokens_per_pass, "mean_gamma": pooled.mean_gamma,
         "tokens_per_second": pooled.tokens_per_second, "plain_tokens_per_second": base.tokens_per_second,

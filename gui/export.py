@@ -38,14 +38,14 @@ def statistics(shown_run, sweep_result, sweep_points, compare_rows, compare_sett
 
 
 def row_dict(row, conditions=None) -> dict:
-    """A sweep / compare row with the conditions it was measured under; no estimate and no c (time) where none
-    exists (e.g. prompt lookup times no draft forward): empty, never 0."""
+    """A sweep / compare row with the conditions it was measured under; no predicted speed-up and no c (time)
+    where none exists (e.g. prompt lookup times no draft forward): empty, never 0."""
     out = asdict(row)
-    for key in ("c_time", "estimated_speedup"):
+    for key in ("c_time", "predicted_speedup"):
         if not number(out.get(key)):
             out[key] = None
-    if out.get("estimated_speedup") is None:
-        out["estimated_speedup_sd"] = None
+    if out.get("predicted_speedup") is None:
+        out["predicted_speedup_sd"] = None
     measured_with = row_conditions(row, conditions)
     out.setdefault("pairs", row_pairs(row))
     out.setdefault("rough", row_is_rough(row))

@@ -1,6 +1,6 @@
 """What the dashboard shows, computed from results without Qt (tested directly): the measured figures with the
-conditions they were taken under, estimates from the timed measurement only, the formula for a γ that varies
-from pass to pass, and one-line descriptions of the settings that produced a result."""
+conditions they were taken under, the predicted speed-up from the timed measurement only, and one-line
+descriptions of the settings that produced a result. The formulas themselves are the library's (`hfspec.stats`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import math
 import os
 from dataclasses import dataclass, fields
 
+from hfspec.compat import new_keys
 from hfspec.stats import SpecStats
-from hfspec.stats import expected_tokens_per_pass as formula_for_gamma
 
 ROUGH_BELOW_PAIRS = 3  # a measured speed-up from fewer timed (speculative, plain) pairs is flagged as rough
 
@@ -37,7 +37,7 @@ class Conditions:
 @dataclass
 class Measured:
     """A run's timed measurement: speculative decoding without the live display beside plain decoding of the
-    same tokens. `stats`: the timed speculative run's statistics (the source of the estimate), when given."""
+    same tokens. `stats`: the timed speculative run's statistics (the source of the prediction), when given."""
 
     speedup: float | None = None
     speculative_tps: float | None = None
@@ -47,12 +47,12 @@ class Measured:
     rough: bool = False
     conditions: Conditions | None = None
     stats: SpecStats | None = None
-    estimated: float | None = None  # the measurement's own estimate (the cost model fitted to its timed pairs)
+    predicted: float | None = None  # the measurement's own prediction (the cost model fitted to its timed pairs)
 
     @property
-    def estimate(self) -> float | None:
-        """The estimated speed-up of the timed runs: the measurement's own, else its statistics'."""
-        return self.estimated if self.estimated is not None else estimate_of(self.stats)
+    def predicted_speedup(self) -> float | None:
+        """The predicted speed-up of the timed runs: the measurement's own, else its statistics'."""
+        return self.predicted if self.predicted is not None else predicted_of(self.stats)
 
     @property
     def c_time(self) -> float | None:
@@ -79,7 +79,7 @@ def measured_of(result, fallback: Conditions | None = None) -> Measured | None:
         rough=bool(rough) if rough is not None else (pairs is not None and pairs < ROUGH_BELOW_PAIRS),
         conditions=conditions,
         stats=_first(m, "stats", "speculative_stats") or pooled(getattr(m, "speculative_runs", None)),
-        estimated=number(getattr(m, "estimated_speedup", None)),
+        predicted=number(getattr(m, "predicted_speedup", None)),
     )
 
 
@@ -109,11 +109,11 @@ def row_is_rough(row) -> bool:
     return pairs is not None and pairs < ROUGH_BELOW_PAIRS
 
 
-def estimate_of(stats) -> float | None:
-    """The estimated speed-up of a timed run's statistics; None where none exists (no draft forward timed)."""
+def predicted_of(stats) -> float | None:
+    """The predicted speed-up of a timed run's statistics; None where none exists (no round timed)."""
     if stats is None:
         return None
-    return number(getattr(stats, "estimated_speedup", None))
+    return number(getattr(stats, "predicted_speedup", None))
 
 
 def number(value) -> float | None:
@@ -125,23 +125,6 @@ def number(value) -> float | None:
     except (TypeError, ValueError):
         return None
     return value if math.isfinite(value) and value != 0.0 else None
-
-
-def formula_tokens_per_pass(alpha: float | None, gammas: list[int]) -> float | None:
-    """Expected tokens per target pass for the γ each pass actually proposed: the mean over passes of
-    (1 − α^(γ+1)) / (1 − α) (a pass that proposes nothing yields one token). None before anything was checked."""
-    if alpha is None or not gammas:
-        return None
-    return sum(formula_for_gamma(alpha, int(g)) for g in gammas) / len(gammas)
-
-
-def mixed_speedup(alpha: float | None, gammas: list[int], c: float) -> float | None:
-    """The paper's speed-up for passes that each proposed their own γ: expected tokens over expected cost,
-    Σ (1 − α^(γ+1)) / (1 − α) over Σ (1 + γc) (for one fixed γ, Theorem 3.8's formula)."""
-    if alpha is None or not gammas:
-        return None
-    tokens = sum(formula_for_gamma(alpha, int(g)) for g in gammas)
-    return tokens / sum(1 + int(g) * c for g in gammas)
 
 
 def gap(value) -> float:
@@ -222,18 +205,20 @@ def measured_to_dict(m: Measured | None) -> dict | None:
     c = m.conditions or Conditions()
     return {"measured_speedup": m.speedup, "speculative_tokens_per_second": m.speculative_tps,
             "plain_tokens_per_second": m.plain_tps, "plain_new_tokens": m.plain_tokens, "pairs": m.pairs,
-            "rough": m.rough, "threads": c.threads, "load_avg": c.load_avg, "estimated_speedup": m.estimate,
-            "stats": m.stats.to_dict() if m.stats is not None else None}
+            "rough": m.rough, "threads": c.threads, "load_avg": c.load_avg,
+            "predicted_speedup": m.predicted_speedup, "stats": m.stats.to_dict() if m.stats is not None else None}
 
 
 def measured_from_dict(d: dict | None) -> Measured | None:
+    """A measurement as `measured_to_dict` wrote it (old keys read too: `hfspec.compat`)."""
     if not d:
         return None
+    d = new_keys(d)
     return Measured(speedup=number(d.get("measured_speedup")), speculative_tps=number(d.get("speculative_tokens_per_second")),
                     plain_tps=number(d.get("plain_tokens_per_second")), plain_tokens=d.get("plain_new_tokens"),
                     pairs=d.get("pairs"), rough=bool(d.get("rough")),
                     conditions=Conditions(d.get("threads"), d.get("load_avg")) if d.get("threads") is not None else None,
-                    stats=stats_from_dict(d.get("stats")), estimated=number(d.get("estimated_speedup")))
+                    stats=stats_from_dict(d.get("stats")), predicted=number(d.get("predicted_speedup")))
 
 
 @dataclass

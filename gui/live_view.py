@@ -27,14 +27,13 @@ from gui.figures import (
     ShownRun,
     changed_fields,
     describe,
-    formula_tokens_per_pass,
     gap,
-    mixed_speedup,
     number,
 )
 from gui.plots import PALETTE, fmt, make_plot, retheme_plot, spaced_ticks, unit_line
 from gui.widgets import FlowLayout, Metric
 from hfspec.session import ROLLING_WINDOW
+from hfspec.stats import expected_tokens_per_pass
 
 KIND_COLOURS = {  # background of a generated token, by how it was produced
     "accepted": "#b7e4b0",   # draft token the target accepted
@@ -54,10 +53,10 @@ CARDS = [  # key, caption, tooltip, widest expected value
     ("expected", "formula E[tok/pass]", "(1−α^(γ+1))/(1−α) for this α, averaged over the γ each pass proposed",
      "00.00"),
     ("c_time", "cost c (time)", "mean draft forward time / mean target forward time, " + TIMED, "0.000"),
-    ("est", "est. speed-up", "the estimate from the statistics of the timed run, " + TIMED + "; — where none "
-     "exists", "00.00×"),
-    ("ideal", "weight-bound ideal", "the formula with c = draft bytes / target bytes: what a machine bound by "
-     "weight reads would reach", "00.00× · c 0.000"),
+    ("predicted", "predicted speed-up", "the cost model's prediction from the timed run's measured step costs "
+     "and tokens per pass, " + TIMED + "; — where none exists", "00.00×"),
+    ("ideal", "ideal speed-up", "the paper's formula with c = draft bytes / target bytes: what a machine bound by "
+     "weight reads would reach (not an upper bound: the measured speed-up can exceed it)", "00.00× · c 0.000"),
     ("measured", "measured speed-up", "speculative over plain tokens/s, " + TIMED + "; 'rough' when fewer than 3 "
      "pairs were timed", "00.00× rough"),
     ("timed_rate", "measured tok/s: spec vs plain", "speculative decoding (timed, no display) vs plain decoding "
@@ -69,7 +68,7 @@ CARDS = [  # key, caption, tooltip, widest expected value
     ("passes", "target passes", "", "00000"),
     ("ended", "ended by", "EOS, max tokens, a stop string, or the Stop button", "user (Stop)"),
 ]
-SPEED_BARS = [("est", "estimated"), ("measured", "measured"), ("ideal", "ideal")]
+SPEED_BARS = [("predicted", "predicted"), ("measured", "measured"), ("ideal", "ideal")]
 
 
 def prompt_note(settings, room: int = 60) -> str:
@@ -297,7 +296,7 @@ class LiveView(QWidget):
             self.metrics["expected"].set_value(fmt(number(self.expected[-1])))
             self.metrics["passes"].set_value(str(s.round_index + 1))
             self.metrics["rate"].set_value(fmt(s.new_tokens / s.elapsed if s.elapsed else None, 1))
-            for key in ("c_time", "est", "measured", "timed_rate", "with"):
+            for key in ("c_time", "predicted", "measured", "timed_rate", "with"):
                 self.metrics[key].set_value("after run")
         self.redraw()
 
@@ -319,7 +318,7 @@ class LiveView(QWidget):
         self.tpp.append(tpp)
         self.committed.append(committed)
         self.gammas.append(gamma)
-        self.expected.append(gap(formula_tokens_per_pass(alpha, self.gammas)))
+        self.expected.append(gap(expected_tokens_per_pass(alpha, self.gammas) if alpha is not None else None))
 
     def redraw(self) -> None:
         self.rolling_curve.setData(self.rounds, self.rolling)
@@ -363,18 +362,19 @@ class LiveView(QWidget):
         alpha = s.alpha if s.checked else None
         self.metrics["alpha"].set_value(fmt(alpha, 3))
         self.metrics["tpp"].set_value(fmt(s.tokens_per_pass))
-        self.metrics["expected"].set_value(fmt(formula_tokens_per_pass(alpha, list(s.gamma_per_round))))
+        self.metrics["expected"].set_value(fmt(s.expected_tokens_per_pass if alpha is not None else None))
         self.metrics["passes"].set_value(str(s.target_passes))
         self.metrics["rate"].set_value(fmt(number(s.tokens_per_second), 1))
         self.metrics["ended"].set_value(shown.stop_reason or "—")
-        ideal = number(mixed_speedup(alpha, list(s.gamma_per_round), s.c_bytes))
+        ideal = number(s.ideal_speedup) if alpha is not None else None
         self.metrics["ideal"].set_value(f"{ideal:.2f}× · c {s.c_bytes:.3f}" if ideal else "—")
         self.metrics["c_time"].set_value(fmt(m.c_time, 3) if m else "—")
-        self.metrics["est"].set_value(fmt(m.estimate, 2, "×") if m else "—")
+        self.metrics["predicted"].set_value(fmt(m.predicted_speedup, 2, "×") if m else "—")
         self._show_measured(m)
         if s.checked_by_position:
             self._position_bars(s.accepted_by_position, s.checked_by_position)
-        self._bars({"est": m.estimate if m else None, "measured": m.speedup if m else None, "ideal": ideal})
+        self._bars({"predicted": m.predicted_speedup if m else None, "measured": m.speedup if m else None,
+                    "ideal": ideal})
         if not self.rounds:  # no snapshot came (a saved run, or zero tokens): the series and the text
             self._replay(shown)
         self._show_origin()

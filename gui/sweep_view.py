@@ -13,10 +13,12 @@ from gui import theme
 from gui.figures import ROUGH_BELOW_PAIRS, Conditions, row_conditions, row_is_rough
 from gui.plots import PALETTE, clear_plot, error_bars, make_plot, retheme_plot, unit_line
 from gui.widgets import guard_wheel
+from hfspec.compat import new_keys
 from hfspec.session import GAMMA_MAX, SweepResult, SweepRow
 
-NOTE = ("Points: measured, fixed length, pooled over the repeats (bars ± 1 s.d.). Lines: the formula with α pooled "
-        "over the points; estimate with the measured c (time), dotted: weight-bound ideal (c bytes).")
+NOTE = ("Points: measured speed-up, fixed length, pooled over the repeats (bars ± 1 s.d.). Lines, with α pooled over "
+        "the points: tokens per pass from the formula; predicted speed-up (the cost models fitted at the points), "
+        "dotted: ideal speed-up (the paper's formula with c bytes).")
 
 
 class SweepView(QWidget):
@@ -79,11 +81,12 @@ class SweepView(QWidget):
 
     @staticmethod
     def rows_from(section: dict) -> SweepResult:
-        """A saved sweep (the "sweep" section of an export) as a SweepResult."""
+        """A saved sweep (the "sweep" section of an export) as a SweepResult; rows saved under the old names read
+        too (`hfspec.compat`)."""
         from hfspec.session import RunSettings
 
         names = {f.name for f in fields(SweepRow)}
-        points = [SweepRow(**{k: v for k, v in row.items() if k in names}) for row in section["rows"]]
+        points = [SweepRow(**{k: v for k, v in new_keys(row).items() if k in names}) for row in section["rows"]]
         settings = dict(section.get("settings") or {})
         gammas = settings.pop("gamma", None)
         settings.pop("draft", None)
@@ -128,9 +131,9 @@ class SweepView(QWidget):
             self.tpp_plot.addItem(error_bars(xs, tpp, [p.tokens_per_pass_sd for p in pts], colour))
             self.tpp_plot.plot(xs, tpp, pen=None, symbol="o", symbolSize=8, symbolBrush=colour, symbolPen="w",
                                name=f"{draft}: measured")
-            if result.pooled(draft)["c_time"] > 0:  # no estimate where no draft forward was timed
-                self.speed_plot.plot(fine, curve["estimated_speedup"], pen=pg.mkPen(colour, width=2),
-                                     name=f"{draft}: estimated")
+            if result.pooled(draft)["c_time"] > 0:  # no prediction where no draft forward was timed
+                self.speed_plot.plot(fine, curve["predicted_speedup"], pen=pg.mkPen(colour, width=2),
+                                     name=f"{draft}: predicted")
             self.speed_plot.plot(fine, curve["ideal_speedup"],
                                  pen=pg.mkPen(colour, width=1, style=Qt.PenStyle.DotLine), name=f"{draft}: ideal")
             measured = [p.measured_speedup for p in pts]

@@ -1,18 +1,20 @@
 """hfspec: exact speculative decoding for Hugging Face causal LMs."""
 
+from hfspec.compat import estimated_speedup  # deprecated: paper_speedup (hfspec.compat)
 from hfspec.errors import HfspecError
 from hfspec.hf import SpeculativeOutput, generate, plain_generate, speculative_generate
-from hfspec.stats import SpecStats, estimated_speedup, expected_tokens_per_pass, optimal_gamma
+from hfspec.stats import SpecStats, expected_tokens_per_pass, optimal_gamma, paper_speedup
 
 __all__ = [
     "HfspecError",
     "SpecStats",
     "SpeculativeOutput",
-    "estimated_speedup",
+    "estimated_speedup",  # deprecated
     "expected_tokens_per_pass",
     "generate",
     "make_draft",
     "optimal_gamma",
+    "paper_speedup",
     "plain_generate",
     "speculative_generate",
 ]

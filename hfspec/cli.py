@@ -260,7 +260,7 @@ def cmd_sweep(args) -> int:
         print(report.dumps({"settings": settings.to_dict(), "gammas": gammas, "rows": rows}))
     else:
         print(report.table(rows, ["draft", "gamma", "alpha", "checked", "tokens_per_pass", "expected_tokens_per_pass",
-                                  "c_bytes", "c_time", "estimated_speedup", "measured_speedup", "greedy_identical"]))
+                                  "c_bytes", "c_time", "predicted_speedup", "measured_speedup", "greedy_identical"]))
     return 0
 
 
@@ -283,7 +283,7 @@ def cmd_compare(args) -> int:
         print(report.dumps(rows))
     else:
         print(report.table(rows, ["draft", "fidelity", "gamma", "alpha", "tokens_per_pass", "c_bytes", "c_time",
-                                  "estimated_speedup", "measured_speedup", "tokens_per_second"]))
+                                  "predicted_speedup", "measured_speedup", "tokens_per_second"]))
         print("fidelity: mean Σmin(p, q) of draft and target over the prompt's positions (≈ α at T=1; 1 = same)")
     return 0
 

@@ -9,9 +9,12 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from hfspec.compat import old_names
+
 ROLLING_WINDOW = 16  # target passes in the rolling acceptance rate
 
 
+@old_names
 @dataclass
 class LiveSnapshot:
     """What a live view needs after one target pass (copied: safe to hand to another thread)."""
@@ -25,7 +28,7 @@ class LiveSnapshot:
     rolling_alpha: float          # acceptance rate over the last ROLLING_WINDOW passes
     tokens_per_pass: float        # cumulative
     expected_tokens_per_pass: float  # (1 − α^(γ+1)) / (1 − α) with the cumulative α and mean γ
-    estimated_speedup: float      # expected tokens per pass / (1 + γc)
+    predicted_speedup: float      # the cost model fitted to the run so far (SpecStats.predicted_speedup)
     measured_speedup: float | None  # tokens/s now over the cached baseline's tokens/s
     c: float                      # draft bytes / target bytes
     c_time: float                 # measured draft forward time / target forward time
@@ -101,7 +104,7 @@ def series_row(s: LiveSnapshot) -> dict:
     return {"pass": s.round_index + 1, "gamma": s.gamma, "accepted": s.accepted, "checked": s.checked,
             "committed": s.committed, "alpha": s.alpha, "rolling_alpha": s.rolling_alpha,
             "tokens_per_pass": s.tokens_per_pass, "expected_tokens_per_pass": s.expected_tokens_per_pass,
-            "estimated_speedup": s.estimated_speedup, "c_time": s.c_time, "elapsed": s.elapsed,
+            "predicted_speedup": s.predicted_speedup, "c_time": s.c_time, "elapsed": s.elapsed,
             "new_tokens": s.new_tokens}
 
 
@@ -137,7 +140,7 @@ class LiveRecorder:
             committed=committed, alpha=s.alpha,
             rolling_alpha=sum(a for a, _ in self._window) / win_checked if win_checked else 0.0,
             tokens_per_pass=s.tokens_per_pass, expected_tokens_per_pass=s.expected_tokens_per_pass,
-            estimated_speedup=s.estimated_speedup, measured_speedup=None, c=s.c_bytes, c_time=s.c_time,
+            predicted_speedup=s.predicted_speedup, measured_speedup=None, c=s.c_bytes, c_time=s.c_time,
             elapsed=time.perf_counter() - self._start, new_tokens=s.new_tokens,
             accepted_by_position=list(s.accepted_by_position),
             checked_by_position=list(s.checked_by_position), pieces=new)

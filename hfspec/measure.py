@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hfspec.compat import old_names
 from hfspec.stats import SpecStats
 
 ROUGH_BELOW = 3  # pairs: a measurement from fewer is shown as rough
@@ -23,6 +24,7 @@ ROUGH_BELOW = 3  # pairs: a measurement from fewer is shown as rough
 Timed = Callable[[int], SpecStats | None]  # run number (from 0) -> stats of one fixed-length run; None: stopped
 
 
+@old_names
 @dataclass
 class Measurement:
     """Speculative against plain decoding of `new_tokens` tokens, `pairs` alternating pairs, medians."""
@@ -43,7 +45,7 @@ class Measurement:
         return self.speculative_tokens_per_second / plain if plain else 0.0
 
     @property
-    def estimated_speedup(self) -> float:
+    def predicted_speedup(self) -> float:
         """The cost model (`hfspec.costmodel`) fitted to the timed pairs: the speed-up they predict."""
         from hfspec.costmodel import from_pairs
 
@@ -59,6 +61,14 @@ class Measurement:
                 "speculative_tokens_per_second": self.speculative_tokens_per_second,
                 "plain_tokens_per_second": self.plain_tokens_per_second, "threads": self.threads,
                 "load_avg": self.load_avg}
+
+
+def predicted_speedup(stats: SpecStats, measurement: Measurement | None = None) -> float:
+    """A run's predicted speed-up: the cost model fitted to the timed pairs of `measurement` when it has some
+    (never the watched run, which a live display slows), else to the run itself (`SpecStats.predicted_speedup`)."""
+    if measurement is not None and measurement.speculative_runs:
+        return measurement.predicted_speedup
+    return stats.predicted_speedup
 
 
 def measure_speedup(speculative: Timed, plain: Timed, pairs: int = ROUGH_BELOW, budget_s: float | None = None,

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 from hfspec import verify_cost
-from hfspec.stats import SpecStats, estimated_speedup, expected_tokens_per_pass
+from hfspec.measure import predicted_speedup
+from hfspec.stats import SpecStats, expected_tokens_per_pass, paper_speedup
 
 COLOURS = {"accepted": "\033[32m", "resampled": "\033[33m", "bonus": "\033[36m", "target": ""}
 RESET = "\033[0m"
@@ -31,10 +32,11 @@ STOP_WORDS = {"eos": "EOS", "max_tokens": "max new tokens", "stop_criteria": "st
 
 def stats_lines(stats: SpecStats, baseline=None, measured_speedup: float | None = None,
                 measurement=None) -> list[str]:
-    """The numbers of one run, one per line. The estimate is the cost model (`hfspec.costmodel`) fitted to the
-    timed measurement (else to the run); the paper's formula (c time) and the weight-bound ideal beside it. `baseline` (`hfspec.session.Baseline`) and `measured_speedup`
-    (`RunResult.measured_speedup`) add the measured speed-up line; `measurement` (`hfspec.measure.Measurement`)
-    adds how rough it is and how busy the machine was."""
+    """The numbers of one run, one per line. The speed-ups: predicted (the cost model, `hfspec.costmodel`, fitted
+    to the timed measurement, else to the run), paper (the paper's formula with c time), ideal (the paper's formula
+    with c bytes) and, with `baseline` (`hfspec.session.Baseline`) and `measured_speedup`
+    (`RunResult.measured_speedup`), measured; `measurement` (`hfspec.measure.Measurement`) adds how rough the
+    measured one is and how busy the machine was."""
     s = stats
     lines = [
         f"γ                        {s.gamma} (mean {s.mean_gamma:.2f})",
@@ -51,9 +53,10 @@ def stats_lines(stats: SpecStats, baseline=None, measured_speedup: float | None 
           if s.tree_leaves else []),
         f"c (time)                 {s.c_time:.3f}  (mean draft forward / mean target forward, measured)",
         f"c (bytes)                {s.c_bytes:.3f}  ({s.draft_bytes / 1e6:.2f} MB / {s.target_bytes / 1e6:.2f} MB)",
-        f"estimated speed-up       {_estimate(s, measurement):.2f}× (cost model: {_source(s, measurement)}); "
-        f"paper's formula {s.paper_speedup:.2f}× (c time, no verify width or overhead), weight-bound ideal "
-        f"{s.ideal_speedup:.2f}× (c bytes)",
+        f"predicted speed-up       {predicted_speedup(s, measurement):.2f}× (cost model: {_source(s, measurement)})",
+        f"paper speed-up           {s.paper_speedup:.2f}× (the paper's formula with c time: no verify width, no "
+        f"overhead)",
+        f"ideal speed-up           {s.ideal_speedup:.2f}× (the paper's formula with c bytes: weight-bound)",
         f"time                     {s.time_total:.2f} s: draft {s.time_draft:.2f}, target {s.time_target:.2f}, "
         f"other {s.time_other:.2f}",
         f"tokens per second        {s.tokens_per_second:.1f}",
@@ -66,13 +69,6 @@ def stats_lines(stats: SpecStats, baseline=None, measured_speedup: float | None 
                      f"decoding {plain:.1f} tok/s{_machine(measurement)})")
     lines += [f"advice                   {line}" for line in [verify_cost.advice(s, baseline)] if line]
     return lines
-
-
-def _estimate(stats: SpecStats, measurement) -> float:
-    """The cost model fitted to the timed pairs when there are some, else to the run itself."""
-    if measurement is not None and measurement.speculative_runs:
-        return measurement.estimated_speedup
-    return stats.estimated_speedup
 
 
 def _source(stats: SpecStats, measurement) -> str:
@@ -132,7 +128,7 @@ def dumps(data) -> str:
 
 def plot_sweep(rows: list[dict], path: str | Path) -> None:
     """The plate's figure: tokens per pass against γ (measured points ± 1 s.d. over repeats, formula curve) and
-    speed-up against γ (measured ± 1 s.d., the estimate with the measured c_time, the weight-bound ideal)."""
+    speed-up against γ (measured ± 1 s.d., the paper's formula with the measured c_time, the ideal with c_bytes)."""
     from hfspec.extras import require_extra
 
     require_extra("plot", "plot", "drawing the sweep's figure")
@@ -157,13 +153,13 @@ def plot_sweep(rows: list[dict], path: str | Path) -> None:
                      color=colour, capsize=3, label=f"{draft} measured")
         ax1.plot(curve, [expected_tokens_per_pass(alpha, g) for g in curve], "-", color=colour, alpha=0.6,
                  label=f"{draft} formula, α={alpha:.2f}")
-        if c_time > 0:  # no estimate where no draft forward was timed (prompt lookup)
-            ax2.plot(curve, [estimated_speedup(alpha, g, c_time) for g in curve], "-", color=colour, alpha=0.6,
-                     label=f"{draft} estimated, c_time={c_time:.2f}")
-        ax2.plot(curve, [estimated_speedup(alpha, g, c_bytes) for g in curve], ":", color=colour, alpha=0.5,
-                 label=f"{draft} weight-bound ideal, c_bytes={c_bytes:.2f}")
+        if c_time > 0:  # no paper speed-up where no draft forward was timed (prompt lookup)
+            ax2.plot(curve, [paper_speedup(alpha, g, c_time) for g in curve], "-", color=colour, alpha=0.6,
+                     label=f"{draft} paper speed-up, c_time={c_time:.2f}")
+        ax2.plot(curve, [paper_speedup(alpha, g, c_bytes) for g in curve], ":", color=colour, alpha=0.5,
+                 label=f"{draft} ideal speed-up, c_bytes={c_bytes:.2f}")
         ax2.errorbar(gs, [r["measured_speedup"] for r in pts], yerr=_errors(pts, "measured_speedup_sd"), fmt="s",
-                     color=colour, capsize=3, label=f"{draft} measured (wall clock)")
+                     color=colour, capsize=3, label=f"{draft} measured speed-up (wall clock)")
     repeats = max((r.get("repeats", 1) for r in rows), default=1)
     note = f" (bars: ± 1 s.d. over {repeats} repeats)" if repeats > 1 else ""
     ax1.set(xlabel="γ (draft tokens per round)", ylabel="tokens per target pass", title="Tokens per target pass" + note)

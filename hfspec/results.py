@@ -6,9 +6,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from hfspec import verify_cost
-from hfspec.measure import Measurement
+from hfspec.compat import RenamedKeys, old_names, renamed_keys
+from hfspec.measure import Measurement, predicted_speedup
 from hfspec.settings import RunSettings
-from hfspec.stats import SpecStats, estimated_speedup, expected_tokens_per_pass
+from hfspec.stats import SpecStats, expected_tokens_per_pass, paper_speedup
 from hfspec.sweep import SweepRow
 
 STOP_REASONS = {"eos": "EOS", "max_tokens": "max tokens", "stop_criteria": "stop string", "user": "user (Stop)",
@@ -47,6 +48,7 @@ class Baseline:
         return self.new_tokens / self.time_total if self.time_total else 0.0
 
 
+@old_names
 @dataclass
 class RunResult:
     settings: RunSettings
@@ -72,12 +74,10 @@ class RunResult:
         return speculative / self.baseline.tokens_per_second
 
     @property
-    def estimated_speedup(self) -> float:
+    def predicted_speedup(self) -> float:
         """The cost model fitted to the timed measurement when there is one (never the live run, which a display
-        slows), else to the run itself."""
-        if self.measurement is not None and self.measurement.speculative_runs:
-            return self.measurement.estimated_speedup
-        return self.stats.estimated_speedup
+        slows), else to the run itself (`hfspec.measure.predicted_speedup`)."""
+        return predicted_speedup(self.stats, self.measurement)
 
     @property
     def pairs(self) -> int:
@@ -102,6 +102,7 @@ class RunResult:
         """Why the run ended, for people: "EOS", "max tokens", "stop string", "user (Stop)" ("" unknown)."""
         return STOP_REASONS.get(self.stats.stop_reason, self.stats.stop_reason)
 
+    @renamed_keys
     def summary(self) -> dict:
         """The numbers the dashboard shows (and exports)."""
         s, b = self.stats, self.baseline
@@ -114,7 +115,7 @@ class RunResult:
             "expected_tokens_per_pass": s.expected_tokens_per_pass,
             "c": s.c_bytes,
             "c_time": s.c_time,
-            "estimated_speedup": self.estimated_speedup,
+            "predicted_speedup": self.predicted_speedup,
             "paper_speedup": s.paper_speedup,
             "ideal_speedup": s.ideal_speedup,
             "measured_speedup": self.measured_speedup,
@@ -171,8 +172,8 @@ class SweepResult:
                 "c_time": sum(p.c_time for p in pts) / len(pts), "c_bytes": pts[0].c_bytes}
 
     def curve(self, draft: str, gammas: Iterable[float] | None = None) -> dict[str, list[float]]:
-        """Over γ from the pooled α: tokens per pass (the paper's formula), the estimate (the cost models fitted
-        at the draft's points, averaged), the paper's formula with c_time and the weight-bound ideal (c_bytes)."""
+        """Over γ from the pooled α: tokens per pass (the paper's formula), `predicted_speedup` (the cost models
+        fitted at the draft's points, averaged), `paper_speedup` (c_time) and `ideal_speedup` (c_bytes)."""
         from hfspec.costmodel import CostModel, speedup_at
 
         pooled = self.pooled(draft)
@@ -180,23 +181,24 @@ class SweepResult:
         gs = list(gammas) if gammas is not None else list(range(1, max(self.gammas) + 1))
         pts = [p for p in self.points if p.draft == draft and p.cost_model]
 
-        def estimate(g: float) -> float:
+        def predicted(g: float) -> float:
             values = [speedup_at(CostModel(**p.cost_model), alpha, g, p.new_tokens / max(1, p.repeats))
                       for p in pts]
             return sum(values) / len(values) if values else 0.0
 
-        return {
+        return RenamedKeys({
             "gamma": gs,
             "tokens_per_pass": [expected_tokens_per_pass(alpha, g) for g in gs],
-            "estimated_speedup": [estimate(g) for g in gs],
-            "paper_speedup": [estimated_speedup(alpha, g, pooled["c_time"]) for g in gs],
-            "ideal_speedup": [estimated_speedup(alpha, g, pooled["c_bytes"]) for g in gs],
-        }
+            "predicted_speedup": [predicted(g) for g in gs],
+            "paper_speedup": [paper_speedup(alpha, g, pooled["c_time"]) for g in gs],
+            "ideal_speedup": [paper_speedup(alpha, g, pooled["c_bytes"]) for g in gs],
+        })
 
     def rows(self) -> list[dict]:
         return [p.to_dict() for p in self.points]
 
 
+@old_names
 @dataclass
 class CompareRow(SweepRow):
     """A sweep row at the settings' γ, with the entry as written and the target it ran on."""

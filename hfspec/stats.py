@@ -1,54 +1,64 @@
 """Statistics of a speculative run, as data, and the paper's formulas (Leviathan et al. 2023, §3).
 
-A run's estimated speed-up is the cost model's (`hfspec.costmodel`: verify width, time outside forwards and the
-prefill priced from what the run measured). The paper's formula, which prices a round as γ draft steps plus one
-target step and nothing else, stays available as `speedup_ignoring_verify_and_overhead` (and
-`SpecStats.paper_speedup`); `hfspec.estimated_speedup(α, γ, c)` is that formula.
+Four speed-ups, one name each (old names: `hfspec.compat`):
+
+* `paper_speedup`: the paper's closed-form formula from α, γ and a cost ratio c; it prices a round as γ draft steps
+  plus one target step and nothing else. `paper_speedup(α, γ, c)` here, `SpecStats.paper_speedup` with c = c_time.
+* `predicted_speedup`: the cost model's prediction (`hfspec.costmodel`: verify width, time outside forwards and the
+  prefill priced from the run's measured step costs and its tokens per pass).
+* `measured_speedup`: speculative over plain tokens/s, timed (`hfspec.measure`, `RunResult`, sweep rows).
+* `ideal_speedup`: the paper's formula with c = c_bytes, the weight-bound figure (`SpecStats.ideal_speedup`).
 """
 
 from __future__ import annotations
 
+import numbers
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
+from hfspec.compat import (  # noqa: F401 - estimated_speedup, speedup_ignoring_verify_and_overhead: deprecated
+    estimated_speedup,
+    old_names,
+    renamed_keys,
+    speedup_ignoring_verify_and_overhead,
+)
 from hfspec.costmodel import CostRecord, Prediction, predict
 from hfspec.validate import AUTO_GAMMA_MAX
 
 
-def expected_tokens_per_pass(alpha: float, gamma: int) -> float:
-    """E[tokens per target pass] = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, Eq. 1)."""
+def expected_tokens_per_pass(alpha: float, gamma: int | Iterable[int]) -> float:
+    """E[tokens per target pass] = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, Eq. 1). `gamma` may be the γ of
+    each pass (a run whose γ varied): then the mean over the passes (a pass that proposed nothing yields one
+    token; no passes: 0). The one implementation of the formula (the CLI, sweeps and the dashboard call it)."""
+    if not isinstance(gamma, numbers.Real):
+        hist = Counter(int(g) for g in gamma)
+        total = sum(hist.values())
+        return sum(r * expected_tokens_per_pass(alpha, g) for g, r in hist.items()) / total if total else 0.0
     if alpha >= 1.0:
         return float(gamma + 1)
     return (1 - alpha ** (gamma + 1)) / (1 - alpha)
 
 
-def speedup_ignoring_verify_and_overhead(alpha: float, gamma: int, c: float) -> float:
-    """The paper's expected wall-time improvement (1 − α^(γ+1)) / ((1 − α)(γc + 1)) (Leviathan et al. 2023,
-    Thm 3.8): a round costs γ draft steps and one target step. It leaves out that the verify pass over γ + 1
-    positions costs more than a step, the time outside forwards and the prefill (see `hfspec.costmodel`)."""
+def paper_speedup(alpha: float, gamma: int | Iterable[int], c: float) -> float:
+    """The paper's speed-up (1 − α^(γ+1)) / ((1 − α)(1 + γc)) (Leviathan et al. 2023, Thm 3.8): its closed form
+    from α, γ and the cost ratio c, pricing a round as γ draft steps plus one target step. It leaves out that the
+    verify pass over γ + 1 positions costs more than a step, the time outside forwards and the prefill (the cost
+    model's `predicted_speedup` prices them). `gamma` may be the γ of each pass: then Σ E[tokens | γ] / Σ (1 + γc)
+    over the passes (no passes: 0)."""
+    if not isinstance(gamma, numbers.Real):
+        hist = Counter(int(g) for g in gamma)
+        cost = sum(r * (1 + g * c) for g, r in hist.items())
+        return sum(r * expected_tokens_per_pass(alpha, g) for g, r in hist.items()) / cost if cost else 0.0
     return expected_tokens_per_pass(alpha, gamma) / (1 + gamma * c)
 
 
-def estimated_speedup(alpha: float, gamma: int, c: float) -> float:
-    """The paper's formula, `speedup_ignoring_verify_and_overhead` (kept under this public name). A run's
-    `SpecStats.estimated_speedup` is the cost model's prediction instead."""
-    return speedup_ignoring_verify_and_overhead(alpha, gamma, c)
-
-
-def _histogram_formula(alpha: float, gammas: list[int], c: float) -> float:
-    """The paper's formula over rounds of different γ: Σ E[tokens | γ] / Σ (1 + γc)."""
-    if not gammas:
-        return 0.0
-    hist = Counter(gammas)
-    tokens = sum(r * expected_tokens_per_pass(alpha, g) for g, r in hist.items())
-    return tokens / sum(r * (1 + g * c) for g, r in hist.items())
-
-
 def optimal_gamma(alpha: float, c: float, gamma_max: int = AUTO_GAMMA_MAX) -> int:
-    """The γ in [1, γ_max] with the largest estimated speed-up (found numerically, as the paper does)."""
-    return max(range(1, gamma_max + 1), key=lambda g: (estimated_speedup(alpha, g, c), -g))
+    """The γ in [1, γ_max] with the largest `paper_speedup` (found numerically, as the paper does)."""
+    return max(range(1, gamma_max + 1), key=lambda g: (paper_speedup(alpha, g, c), -g))
 
 
+@old_names
 @dataclass
 class SpecStats:
     """Counts and timings of one run. Proposed tokens after a rejection are discarded unchecked."""
@@ -147,9 +157,7 @@ class SpecStats:
     @property
     def expected_tokens_per_pass(self) -> float:
         """The paper's (1 − α^(γ+1)) / (1 − α) averaged over the rounds' γ (one α for every position)."""
-        g = Counter(self.gamma_per_round)
-        total = sum(g.values())
-        return sum(r * expected_tokens_per_pass(self.alpha, k) for k, r in g.items()) / total if total else 0.0
+        return expected_tokens_per_pass(self.alpha, self.gamma_per_round)
 
     @property
     def prediction(self) -> Prediction:
@@ -157,24 +165,32 @@ class SpecStats:
         return predict(self)
 
     @property
-    def estimated_speedup(self) -> float:
-        """Predicted speculative over plain tokens/s from the cost model fitted to this run (verify width, time
-        outside forwards, prefill; the one-token step from an attached plain run, the run's own one-position
-        rounds or timing passes after it); 0 before a round was measured."""
+    def predicted_speedup(self) -> float:
+        """The cost model's prediction of speculative over plain tokens/s, fitted to this run's measured step
+        costs (verify width, time outside forwards, prefill; the one-token step from an attached plain run, the
+        run's own one-position rounds or timing passes after it) at its tokens per pass; 0 before a round was
+        measured."""
         return self.prediction.speedup if self.target_passes else 0.0
 
     @property
     def paper_speedup(self) -> float:
-        """The paper's estimate (1 − α^(γ+1)) / ((1 − α)(1 + γc)) with the measured c = c_time over the rounds'
-        γ, ignoring the verify width, the time outside forwards and the prefill; 0 before a draft forward was
-        timed."""
+        """`paper_speedup(α, γ of each round, c_time)`: the paper's formula with the measured c = c_time, ignoring
+        the verify width, the time outside forwards and the prefill; 0 before a draft forward was timed."""
         c = self.c_time
-        return _histogram_formula(self.alpha, self.gamma_per_round, c) if c > 0 else 0.0
+        return paper_speedup(self.alpha, self.gamma_per_round, c) if c > 0 else 0.0
 
     @property
     def ideal_speedup(self) -> float:
-        """The paper's estimate with c = c_bytes: what a purely weight-bandwidth-bound machine would reach."""
-        return _histogram_formula(self.alpha, self.gamma_per_round, self.c_bytes)
+        """`paper_speedup(α, γ of each round, c_bytes)`: the paper's formula with c = draft weight bytes / target
+        weight bytes, i.e. the speed-up of a machine on which a forward costs only reading its weights, a verify
+        over γ + 1 positions costs one step and nothing happens outside forwards.
+
+        It is not an upper bound, and it can be below `measured_speedup`: c_bytes counts every byte the draft
+        holds, while a step's time need not scale with its bytes. Where the draft's step costs a smaller share of
+        the target's step than its bytes do (c_time < c_bytes: micro's fp32 target with the compiled rtn4 draft
+        measured c_time 0.16–0.22 at γ 3–8 against c_bytes 0.26, benchmarks/results/sweep_micro.csv), or where plain
+        decoding pays per-token overhead that speculative rounds share, the measured figure can exceed it."""
+        return paper_speedup(self.alpha, self.gamma_per_round, self.c_bytes)
 
     @property
     def predicted_tokens_per_second(self) -> float:
@@ -220,11 +236,12 @@ class SpecStats:
         out.plain_costs = plains[0].merge(plains[1]) if len(plains) == 2 else (plains[0] if plains else None)
         return out
 
+    @renamed_keys
     def to_dict(self) -> dict:
         """All counts plus the derived numbers, JSON-ready."""
         out = asdict(self)
         for name in ("alpha", "tokens_per_pass", "mean_gamma", "c_bytes", "c_time", "expected_tokens_per_pass",
-                     "estimated_speedup", "paper_speedup", "ideal_speedup", "predicted_tokens_per_second",
+                     "predicted_speedup", "paper_speedup", "ideal_speedup", "predicted_tokens_per_second",
                      "predicted_plain_tokens_per_second", "stop_reason", "tokens_per_second", "time_other"):
             out[name] = getattr(self, name)
         out["estimate_source"] = self.prediction.source if self.target_passes else ""

@@ -8,9 +8,9 @@ measured right beside its run (the order alternates between pairs), never cached
 
 A row pools its repeats for the draft's statistics (α = Σ accepted / Σ checked, tokens per pass = Σ tokens /
 Σ passes); tokens/s and the measured speed-up are the measurement's medians. `*_sd` is the sample standard
-deviation over repeats (None for one repeat), for error bars. The estimate is the cost model
+deviation over repeats (None for one repeat), for error bars. `predicted_speedup` is the cost model
 (`hfspec.costmodel`) fitted to the point's pairs; `paper_speedup` is the paper's formula with the measured c_time
-and `ideal_speedup` with the weight-bound c_bytes.
+and `ideal_speedup` with the weight-bound c_bytes (old names: `hfspec.compat`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 import hfspec
+from hfspec.compat import old_names, renamed_keys
 from hfspec.costmodel import predict
 from hfspec.measure import Measurement, measure_speedup
 from hfspec.stats import SpecStats
@@ -29,8 +30,8 @@ from hfspec.validate import GAMMA_MAX
 
 FIELDS = [
     "draft", "gamma", "repeats", "alpha", "alpha_sd", "checked", "accepted", "target_passes", "new_tokens",
-    "tokens_per_pass", "tokens_per_pass_sd", "expected_tokens_per_pass", "c_bytes", "c_time", "estimated_speedup",
-    "estimated_speedup_sd", "ideal_speedup", "tokens_per_second", "baseline_tokens_per_second",
+    "tokens_per_pass", "tokens_per_pass_sd", "expected_tokens_per_pass", "c_bytes", "c_time", "predicted_speedup",
+    "predicted_speedup_sd", "ideal_speedup", "tokens_per_second", "baseline_tokens_per_second",
     "baseline_new_tokens", "measured_speedup", "measured_speedup_sd", "greedy_identical", "fidelity", "threads",
     "load_avg", "paper_speedup", "predicted_tokens_per_second",
 ]
@@ -38,6 +39,7 @@ FIELDS = [
 Stop = Callable[[], bool] | None
 
 
+@old_names
 @dataclass
 class SweepRow:
     """One (draft, γ) point, pooled over its repeats."""
@@ -56,9 +58,9 @@ class SweepRow:
     expected_tokens_per_pass: float
     c_bytes: float
     c_time: float
-    estimated_speedup: float          # the cost model fitted to the point's (speculative, plain) pairs
-    estimated_speedup_sd: float | None
-    ideal_speedup: float              # the same with c_bytes: a weight-bandwidth-bound machine
+    predicted_speedup: float          # the cost model fitted to the point's (speculative, plain) pairs
+    predicted_speedup_sd: float | None
+    ideal_speedup: float              # the paper's formula with c_bytes (SpecStats.ideal_speedup)
     tokens_per_second: float
     baseline_tokens_per_second: float
     baseline_new_tokens: int          # tokens of the plain runs (equal to new_tokens)
@@ -72,6 +74,7 @@ class SweepRow:
     predicted_tokens_per_second: float | None = None  # the cost model's speculative tokens/s
     cost_model: dict | None = None    # the fitted `hfspec.costmodel.CostModel`, for curves over γ
 
+    @renamed_keys
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -154,7 +157,7 @@ def _row(label: str, gamma, measured: Measurement, identical) -> SweepRow:
         new_tokens=pooled.new_tokens, tokens_per_pass=pooled.tokens_per_pass,
         tokens_per_pass_sd=_sd([s.tokens_per_pass for s in runs]),
         expected_tokens_per_pass=pooled.expected_tokens_per_pass, c_bytes=pooled.c_bytes,
-        c_time=pooled.c_time, estimated_speedup=prediction.speedup, estimated_speedup_sd=_sd(per_pair),
+        c_time=pooled.c_time, predicted_speedup=prediction.speedup, predicted_speedup_sd=_sd(per_pair),
         ideal_speedup=pooled.ideal_speedup,
         tokens_per_second=measured.speculative_tokens_per_second,
         baseline_tokens_per_second=measured.plain_tokens_per_second, baseline_new_tokens=base.new_tokens,

@@ -18,7 +18,7 @@ from hfspec.costmodel import (
     predict_from,
 )
 from hfspec.gamma import AdaptiveGamma
-from hfspec.stats import SpecStats, expected_tokens_per_pass, speedup_ignoring_verify_and_overhead
+from hfspec.stats import SpecStats, expected_tokens_per_pass, paper_speedup
 
 MS = 1e-3
 
@@ -85,7 +85,7 @@ def test_prediction_by_hand_with_a_gamma_histogram():
     assert got.speedup == pytest.approx(tokens / seconds * 60 * MS, rel=1e-6)
     # not the paper's formula at round(mean γ) = 4
     c = 6 / 58
-    assert got.speedup < 0.8 * speedup_ignoring_verify_and_overhead(0.8, 4, c)
+    assert got.speedup < 0.8 * paper_speedup(0.8, 4, c)
 
 
 def test_prefill_is_paid_once_by_both_sides():
@@ -130,12 +130,12 @@ def test_stats_estimate_is_the_cost_model_not_the_papers_formula():
     spec = record({4: 40}, lambda n: 50 + 8 * n, 6.0, lambda k: 2.0)
     plain = record({0: 40}, lambda n: 50 + 8 * n, 0.0, lambda k: 2.0)
     s = stats_with(spec, plain, [4] * 40, 1.0)  # every draft token accepted: 5 tokens a round either way
-    assert s.estimated_speedup == pytest.approx(predict(s).speedup)
-    assert s.paper_speedup == pytest.approx(speedup_ignoring_verify_and_overhead(s.alpha, 4, s.c_time))
-    assert s.estimated_speedup < 0.85 * s.paper_speedup  # the verify width and overhead cost something
-    assert hfspec.estimated_speedup(0.5, 2, 0.25) == pytest.approx(1.75 / 1.5)  # the public formula still works
+    assert s.predicted_speedup == pytest.approx(predict(s).speedup)
+    assert s.paper_speedup == pytest.approx(paper_speedup(s.alpha, 4, s.c_time))
+    assert s.predicted_speedup < 0.85 * s.paper_speedup  # the verify width and overhead cost something
+    assert hfspec.paper_speedup(0.5, 2, 0.25) == pytest.approx(1.75 / 1.5)  # the public formula still works
     d = s.to_dict()
-    assert d["estimated_speedup"] == s.estimated_speedup and d["estimate_source"] == "plain run timed beside it"
+    assert d["predicted_speedup"] == s.predicted_speedup and d["estimate_source"] == "plain run timed beside it"
     assert d["costs"]["gamma_rounds"][4] == 40
     # auto γ: the histogram, not round(mean γ)
     costs = record({1: 20, 7: 20}, lambda n: 50 + 8 * n, 6.0, lambda k: 2.0)
@@ -206,7 +206,7 @@ def test_a_run_records_its_rounds():
     else:
         assert c.steps == 2 and c.step_seconds > 0
     assert s.positions_fed_target == sum(n * r for n, r in enumerate(c.width_rounds)) + 4 + c.prefill_gamma
-    assert s.estimated_speedup > 0 and s.prediction.source
+    assert s.predicted_speedup > 0 and s.prediction.source
     plain = hfspec.plain_generate(target, ids, temperature=1.0, seed=3, max_new_tokens=40, min_new_tokens=40).stats
     assert plain.costs.steps == 0 and plain.costs.gamma_rounds == [plain.target_passes - 1]
     s.attach_baseline(plain)

@@ -164,11 +164,11 @@ def test_stats_formulas_and_consistency(pair):
     assert s.draft_bytes == s.target_bytes > 0
     assert hfspec.expected_tokens_per_pass(0.0, 4) == 1.0
     assert hfspec.expected_tokens_per_pass(0.5, 2) == pytest.approx(1.75)
-    assert hfspec.estimated_speedup(0.5, 2, 0.25) == pytest.approx(1.75 / 1.5)
+    assert hfspec.paper_speedup(0.5, 2, 0.25) == pytest.approx(1.75 / 1.5)
     kinds = out.token_kinds[0]
     assert len(kinds) == s.new_tokens and kinds.count("accepted") <= s.accepted
     d = s.to_dict()
-    for key in ("alpha", "tokens_per_pass", "c_bytes", "c_time", "expected_tokens_per_pass", "estimated_speedup"):
+    for key in ("alpha", "tokens_per_pass", "c_bytes", "c_time", "expected_tokens_per_pass", "predicted_speedup"):
         assert key in d
 
 

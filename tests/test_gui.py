@@ -110,9 +110,9 @@ def test_run_shows_the_library_statistics_and_honest_speedups(qtbot, window, tmp
     # the estimate and its c (time) from the timed measurement; the bytes-based one labelled as the ideal
     timed = result.measured.stats
     assert timed is not None and timed.c_time > 0 and cards["c_time"] == f"{timed.c_time:.3f}"
-    assert cards["est"] == f"{result.measured.estimate:.2f}×"
+    assert cards["predicted"] == f"{result.measured.predicted_speedup:.2f}×"
     assert cards["ideal"] == f"{s.ideal_speedup:.2f}× · c {s.c_bytes:.3f}"
-    assert window.live.metrics["ideal"].caption == "weight-bound ideal"
+    assert window.live.metrics["ideal"].caption == "ideal speed-up"
     # measured against a plain run of the same length
     assert result.measured.plain_tokens == s.new_tokens and timed.new_tokens % s.new_tokens == 0
     assert cards["measured"].endswith("×") or cards["measured"].endswith("rough")
@@ -300,7 +300,7 @@ def test_draft_pages_come_from_the_registry(qtbot, monkeypatch):
 def test_glossary_and_copying_the_text(qtbot, window):
     dialog = window.show_glossary()
     text = dialog.browser.toPlainText()
-    for term in ("γ (gamma)", "α (acceptance rate)", "c (time)", "weight-bound ideal", "Why estimated ≠ measured"):
+    for term in ("γ (gamma)", "α (acceptance rate)", "c (time)", "ideal speed-up", "Why predicted ≠ measured"):
         assert term in text
     window.live.clear("Some prompt")
     window.live.copy_text()
@@ -344,7 +344,7 @@ def test_compare_tab_fills_table_and_bars(qtbot, window, tmp_path):
     row = window.compare.rows[0]
     cell = {h: window.compare.table.item(0, i).text() for i, h in enumerate(headers)}
     assert cell["draft"] == "rtn4" and cell["α"] == f"{row.alpha:.3f}"
-    assert cell["c (time)"] == f"{row.c_time:.3f}" and cell["est. ×"] == f"{row.estimated_speedup:.2f}×"
+    assert cell["c (time)"] == f"{row.c_time:.3f}" and cell["predicted ×"] == f"{row.predicted_speedup:.2f}×"
     assert cell["tokens run/plain"] == "6 / 6"
     try:
         from hfspec.drafts import fidelity  # noqa: F401

@@ -142,12 +142,12 @@ def test_the_estimate_is_the_timed_measurements_and_threads_match_the_cli(qtbot,
     measurement = raw[0].measurement  # what the library timed after the run, without the display
     timed = measurement.speculative_runs
     assert timed and all(run is not raw[0].stats for run in timed)
-    own = getattr(measurement, "estimated_speedup", None)  # the cost model fitted to the timed pairs
+    own = getattr(measurement, "predicted_speedup", None)  # the cost model fitted to the timed pairs
     pooled = timed[0]
     for run in timed[1:]:
         pooled = pooled.merge(run)
-    expected = own if own else pooled.estimated_speedup
-    assert window.live.metrics["est"].value_text == f"{expected:.2f}×"
+    expected = own if own else pooled.predicted_speedup
+    assert window.live.metrics["predicted"].value_text == f"{expected:.2f}×"
     assert window.live.metrics["c_time"].value_text == f"{pooled.c_time:.3f}"
     assert f"{threads} thr" in window.live.metrics["with"].value_text and "load" in window.live.metrics["with"].value_text
     assert measurement.threads == threads and window.threads_label.text().startswith(f"torch: {threads} thread")
@@ -176,12 +176,12 @@ def test_lookup_draws_no_estimate_at_zero_and_alpha_has_gaps_where_nothing_was_c
     c.max_new_tokens.setValue(24)
     _run(qtbot, window)
     live, raw = window.live, window.live.result
-    est = live.metrics["est"].value_text
-    if raw.measured.estimate is None:  # the paper's formula: no estimate without a timed draft forward
-        assert est == "—" and len(live.speed_bars["est"].opts["x"]) == 0
+    est = live.metrics["predicted"].value_text
+    if raw.measured.predicted_speedup is None:  # the paper's formula: no estimate without a timed draft forward
+        assert est == "—" and len(live.speed_bars["predicted"].opts["x"]) == 0
     else:  # a cost model that prices the lookup's rounds from the timed pairs
-        assert est == f"{raw.measured.estimate:.2f}×" and raw.measured.estimate > 0
-    assert 0.0 not in list(live.speed_bars["measured"].opts["height"]) + list(live.speed_bars["est"].opts["height"])
+        assert est == f"{raw.measured.predicted_speedup:.2f}×" and raw.measured.predicted_speedup > 0
+    assert 0.0 not in list(live.speed_bars["measured"].opts["height"]) + list(live.speed_bars["predicted"].opts["height"])
     unchecked = [i for i, g in enumerate(live.gammas) if g == 0]
     assert unchecked, "a lookup run with passes that proposed nothing"
     alpha = live.alpha_curve.yData
@@ -192,17 +192,17 @@ def test_lookup_draws_no_estimate_at_zero_and_alpha_has_gaps_where_nothing_was_c
     _run(qtbot, window, window.compare.run_button.click)
     lookup_row = window.compare.rows[0]
     est_bars = [i for i in window.compare.plots["compare_speedup"].getPlotItem().items
-                if isinstance(i, pg.BarGraphItem) and i.name() == "estimated"][0]
+                if isinstance(i, pg.BarGraphItem) and i.name() == "predicted"][0]
     assert 0.0 not in list(est_bars.opts["height"])
     window.tabs.setCurrentWidget(window.compare)
     with open(window.export_statistics(str(tmp_path / "c.csv")), newline="", encoding="utf-8") as fh:
         lookup = next(csv.DictReader(fh))
     assert lookup["label"] == "lookup"
-    if not lookup_row.estimated_speedup:
-        assert lookup["estimated_speedup"] == "" and len(est_bars.opts["x"]) == 1  # rtn4's bar only
+    if not lookup_row.predicted_speedup:
+        assert lookup["predicted_speedup"] == "" and len(est_bars.opts["x"]) == 1  # rtn4's bar only
         assert window.compare.table.item(0, 4).text() == "—"
     else:
-        assert float(lookup["estimated_speedup"]) > 0 and len(est_bars.opts["x"]) == 2
+        assert float(lookup["predicted_speedup"]) > 0 and len(est_bars.opts["x"]) == 2
 
 
 # --------------------------------------------------------------------------------------------- keys

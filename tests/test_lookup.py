@@ -117,7 +117,7 @@ def test_greedy_identical_on_a_tiny_model():
         s = out.stats
         assert s.accepted > 0 and s.target_passes < 48
         assert s.draft_forwards == 0 and s.time_draft == 0 and s.c_time == 0 and s.paper_speedup == 0
-        assert s.estimated_speedup > 0  # the cost model prices lookup's rounds (no draft forward, varying γ)
+        assert s.predicted_speedup > 0  # the cost model prices lookup's rounds (no draft forward, varying γ)
 
 
 @pytest.fixture(scope="module")

@@ -155,7 +155,7 @@ def test_run_matches_the_library_and_reports_live(session, micro):
     # (c time) and the weight-bound ideal (c bytes) are kept beside it
     s = result.stats
     assert s.c_time > 0
-    assert summary["estimated_speedup"] == pytest.approx(s.prediction.speedup) and s.prediction.speedup > 0
+    assert summary["predicted_speedup"] == pytest.approx(s.prediction.speedup) and s.prediction.speedup > 0
     assert summary["paper_speedup"] == pytest.approx(s.paper_speedup)
     assert summary["ideal_speedup"] == pytest.approx(s.ideal_speedup)
     assert result.to_dict()["series"] == result.series

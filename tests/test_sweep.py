@@ -12,7 +12,7 @@ from tiny_models import build, perturbed
 import hfspec
 from hfspec import sweep as engine
 from hfspec.costmodel import predict
-from hfspec.stats import estimated_speedup, expected_tokens_per_pass
+from hfspec.stats import expected_tokens_per_pass, paper_speedup
 from hfspec.validate import GAMMA_MAX
 
 N = 6  # new tokens per run
@@ -79,14 +79,14 @@ def test_statistics_over_repeats(pair, ids, calls):
     # (measured c_time) and the weight-bound ideal (c_bytes) stay apart
     assert row.c_time > 0 and row.c_bytes > 0
     pooled = runs[0].merge(runs[1]).merge(runs[2])
-    assert row.estimated_speedup == pytest.approx(predict(pooled, bases[0].merge(bases[1]).merge(bases[2])).speedup)
-    assert row.estimated_speedup != pytest.approx(row.paper_speedup)
+    assert row.predicted_speedup == pytest.approx(predict(pooled, bases[0].merge(bases[1]).merge(bases[2])).speedup)
+    assert row.predicted_speedup != pytest.approx(row.paper_speedup)
     # the paper's formula over the rounds' γ (the last round of a run may propose fewer than 2)
     g = pooled.gamma_per_round
     for value, c in ((row.paper_speedup, row.c_time), (row.ideal_speedup, row.c_bytes)):
         formula = sum(expected_tokens_per_pass(row.alpha, k) for k in g) / sum(1 + k * c for k in g)
         assert value == pytest.approx(formula)
-    assert 2 in g and row.paper_speedup == pytest.approx(estimated_speedup(row.alpha, 2, row.c_time), rel=0.2)
+    assert 2 in g and row.paper_speedup == pytest.approx(paper_speedup(row.alpha, 2, row.c_time), rel=0.2)
     # one repeat: no spread to show
     (single,) = engine.sweep(target, {"noisy": draft}, [2], ids, _sampling(), repeats=1, check_greedy=False)
     assert single.alpha_sd is None and single.measured_speedup_sd is None
