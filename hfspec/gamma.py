@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from statistics import median
 
 from hfspec.costmodel import Acceptance, CostModel, CostRecord, best_gamma
-from hfspec.stats import optimal_gamma
+from hfspec.stats import optimal_gamma, paper_speedup
 from hfspec.validate import AUTO_GAMMA_MAX
 
 DEFAULT_C = 0.2  # c when nothing better is known (e.g. a draft with no weights, like prompt lookup)
@@ -119,7 +119,7 @@ class AdaptiveGamma:
             best = best_gamma(model, Acceptance(alpha), self.gamma_max)[0]
         else:
             best = optimal_gamma(alpha, self.c, self.gamma_max)
-            if _paper_speedup(alpha, best, self.c) <= 1.0:
+            if paper_speedup(alpha, best, self.c) <= 1.0:
                 best = 0
             clean = len(self._ratios)
         if best == 0 and self.timed and clean < MIN_CLEAN:  # too little evidence to stop drafting
@@ -137,11 +137,6 @@ class AdaptiveGamma:
             return None, 0
         model = CostModel.fit(record)
         return (model, record.rounds) if model.plain_token_seconds > 0 else (None, 0)
-
-
-def _paper_speedup(alpha: float, gamma: int, c: float) -> float:
-    """Leviathan et al.'s (1 − α^(γ+1)) / ((1 − α)(γc + 1)), α < 1 (`hfspec.stats` has it under a public name)."""
-    return (1 - alpha ** (gamma + 1)) / ((1 - alpha) * (gamma * c + 1))
 
 
 @dataclass

@@ -58,7 +58,7 @@ def test_optimal_gamma_is_the_argmax_of_the_formula():
     for alpha in (0.2, 0.5, 0.8, 0.95):
         for c in (0.01, 0.1, 0.5):
             best = hfspec.optimal_gamma(alpha, c, 16)
-            values = [hfspec.estimated_speedup(alpha, g, c) for g in range(1, 17)]
+            values = [hfspec.paper_speedup(alpha, g, c) for g in range(1, 17)]
             assert values[best - 1] == max(values)
 
 
