@@ -1,11 +1,14 @@
 """Side-by-side speed of plain `generate`, HF assisted generation and hfspec on one pair, in one process.
 
-Methods run interleaved per repeat (same prompt, same length, same seeds), so drift in machine load hits all
-three alike; results are reported as tokens/s and as ratios.
+Timed by the one ruler (`hfspec.measure.interleaved`): rounds in rotating order (same prompt, same length, same
+seeds), a warm-up round not counted, medians of per-round ratios with their intervals, outliers re-measured and a
+stability verdict; reported as tokens/s and as ratios.
 """
 
 from __future__ import annotations
 
+import functools
+import statistics
 import time
 from contextlib import contextmanager
 
@@ -13,13 +16,8 @@ import torch
 
 import hfspec
 from hfspec.errors import HfspecError
-
-
-def _timed(fn) -> tuple[float, object]:
-    began = time.perf_counter()
-    out = fn()
-    seconds = time.perf_counter() - began
-    return seconds, out
+from hfspec.measure import Sample, implausible, interleaved
+from hfspec.stats import SpecStats
 
 
 def hf_assisted(target, draft, gamma: int, assistant=None) -> tuple[dict, str]:
@@ -92,27 +90,36 @@ def compare_methods(target, draft, input_ids, gamma: int = 4, temperature: float
                                max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, seed=seed)
 
     methods = {"plain generate": plain, "HF assisted": assisted, "hfspec": ours}
-    if warmup:
-        for fn in methods.values():
-            torch.manual_seed(seed)
-            fn()
-    seconds = dict.fromkeys(methods, 0.0)
-    tokens = dict.fromkeys(methods, 0)
-    spec_stats = None
-    for r in range(repeats):
-        for name, fn in methods.items():
+
+    def timed(name, fn):
+        def run(r: int) -> Sample:
             torch.manual_seed(seed + r)
-            took, out = _timed(fn)
+            began = time.perf_counter()
+            out = fn()
+            took = time.perf_counter() - began
             seqs = out.sequences if hasattr(out, "sequences") else out
-            seconds[name] += took
-            tokens[name] += seqs.shape[1] - input_ids.shape[1]
-            if name == "hfspec":
-                spec_stats = out.stats if spec_stats is None else spec_stats.merge(out.stats)
-    tps = {name: tokens[name] / seconds[name] for name in methods}
+            return Sample(took, seqs.shape[1] - input_ids.shape[1], out)
+        return run
+
+    # the one ruler (hfspec.measure): rotating order per round, warm-up not counted, medians with intervals,
+    # outliers re-measured, a stability verdict
+    timings = interleaved({name: timed(name, fn) for name, fn in methods.items()}, "plain generate", repeats,
+                          warmup=1 if warmup else 0)
+    ratios = {name: timings.ratio(name) for name in methods}
+    spec_stats = functools.reduce(SpecStats.merge, [r["hfspec"].out.stats for r in timings.kept])
+    stable, warnings = timings.verdict()
+    tps = {name: ratios[name].tokens_per_second if name != "plain generate"
+           else ratios["hfspec"].baseline_tokens_per_second for name in methods}
+    speedups = {name: ratios[name].median if name != "plain generate" else 1.0 for name in methods}
+    hf_vs = interleaved_ratio(timings, "hfspec", "HF assisted")
     return {
         "tokens_per_second": tps,
-        "speedup_vs_plain": {name: tps[name] / tps["plain generate"] for name in methods},
-        "hfspec_vs_assisted": tps["hfspec"] / tps["HF assisted"],
+        "speedup_vs_plain": speedups,
+        "speedup_interval": {name: (ratios[name].low, ratios[name].high) if name != "plain generate" else (1.0, 1.0)
+                             for name in methods},
+        "hfspec_vs_assisted": hf_vs,
+        "pairs": timings.pairs, "outliers": timings.outliers, "stable": stable, "warnings": warnings,
+        "flags": implausible(speedups["hfspec"], spec_stats),
         "hf_assistant": assistant_label,
         "alpha": spec_stats.alpha,
         "tokens_per_pass": spec_stats.tokens_per_pass,
@@ -124,3 +131,9 @@ def compare_methods(target, draft, input_ids, gamma: int = 4, temperature: float
             "other": spec_stats.time_other / spec_stats.time_total,
         },
     }
+
+
+def interleaved_ratio(timings, name: str, over: str) -> float:
+    """The median per-round ratio of two methods' tokens/s in the same interleaved rounds."""
+    ratios = [r[name].rate / r[over].rate for r in timings.kept if r[over].rate]
+    return statistics.median(ratios) if ratios else 0.0

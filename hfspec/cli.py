@@ -54,7 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--gamma", type=_gamma)
     run.add_argument("--early-exit", action="store_true",
                      help="the draft stops a round early when another token does not pay (γ is the cap)")
-    run.add_argument("--tree", type=int, help="candidates per unsure draft position (2..8; 0: the plain chain)")
+    run.add_argument("--tree", type=_tree_arg,
+                     help="auto: a token tree sized by the cost model; 2..8: candidates per unsure draft position "
+                          "(sibling leaves); 0: the plain chain")
     run.add_argument("--no-baseline", action="store_true", help="skip the plain run (measured speed-up)")
     run.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-new-tokens tokens")
     run.add_argument("--json", action="store_true", help="print statistics as JSON")
@@ -173,6 +175,16 @@ def _check_plot_format(path: str) -> None:
         raise HfspecError(f"--plot: got {path!r}; allowed: a file ending in .{', .'.join(sorted(kinds))}")
 
 
+def _tree_arg(text: str):
+    """--tree: "auto" or an integer (checked with the other settings)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"got {text!r}; allowed: auto or an integer from 0 to 8") from None
+
+
 def _settings(args, **extra):
     from hfspec.drafts import parse_draft_spec
     from hfspec.session import RunSettings
@@ -259,8 +271,11 @@ def cmd_sweep(args) -> int:
     if args.json:
         print(report.dumps({"settings": settings.to_dict(), "gammas": gammas, "rows": rows}))
     else:
-        print(report.table(rows, ["draft", "gamma", "alpha", "checked", "tokens_per_pass", "expected_tokens_per_pass",
-                                  "c_bytes", "c_time", "predicted_speedup", "measured_speedup", "greedy_identical"]))
+        shown = [r | {"measured": report.measured_cell(r)} for r in rows]
+        print(report.table(shown, ["draft", "gamma", "alpha", "checked", "tokens_per_pass", "expected_tokens_per_pass",
+                                   "c_bytes", "c_time", "predicted_speedup", "measured", "greedy_identical"]))
+        if report.row_notes(rows):
+            print("\n".join(report.row_notes(rows)))
     return 0
 
 
@@ -282,8 +297,11 @@ def cmd_compare(args) -> int:
     if args.json:
         print(report.dumps(rows))
     else:
-        print(report.table(rows, ["draft", "fidelity", "gamma", "alpha", "tokens_per_pass", "c_bytes", "c_time",
-                                  "predicted_speedup", "measured_speedup", "tokens_per_second"]))
+        shown = [r | {"measured": report.measured_cell(r)} for r in rows]
+        print(report.table(shown, ["draft", "fidelity", "gamma", "alpha", "tokens_per_pass", "c_bytes", "c_time",
+                                   "predicted_speedup", "measured", "tokens_per_second"]))
+        if report.row_notes(rows):
+            print("\n".join(report.row_notes(rows)))
         print("fidelity: mean Σmin(p, q) of draft and target over the prompt's positions (≈ α at T=1; 1 = same)")
     return 0
 
@@ -302,9 +320,14 @@ def cmd_bench(args) -> int:
     if args.json:
         print(report.dumps(result))
     else:
-        rows = [{"method": m, "tokens_per_second": t, "vs_plain": result["speedup_vs_plain"][m]}
+        rows = [{"method": m, "tokens_per_second": t, "vs_plain": result["speedup_vs_plain"][m],
+                 "interval": "{:.2f}–{:.2f}".format(*result["speedup_interval"][m])}
                 for m, t in result["tokens_per_second"].items()]
-        print(report.table(rows, ["method", "tokens_per_second", "vs_plain"]))
+        print(report.table(rows, ["method", "tokens_per_second", "vs_plain", "interval"]))
+        print(f"medians of {result['pairs']} interleaved rounds ({result['outliers']} outliers re-measured); "
+              f"{'stable' if result['stable'] else 'UNSTABLE'}")
+        for text in result["flags"] + result["warnings"]:
+            print(f"! {text}")
         print(f"HF assisted ran {result['hf_assistant']}")
         print(f"hfspec / HF assisted: {result['hfspec_vs_assisted']:.2f}×; α {result['alpha']:.3f}; "
               f"hfspec time outside forwards {result['hfspec_time_split']['other']:.1%}")

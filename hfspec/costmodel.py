@@ -280,10 +280,11 @@ class _ByLength(Acceptance):
         return (rows * seen + self.shrink * model) / (rows + self.shrink)
 
 
-def predict(stats, plain=None, gamma=None) -> Prediction:
+def predict(stats, plain=None, gamma=None, new_tokens: float | None = None) -> Prediction:
     """The prediction for a run's `SpecStats` (`plain`: a plain run's SpecStats timed beside it, else the one
     attached with `attach_baseline`). `gamma`: predict at this fixed γ (tokens from the positional acceptance
-    rates) instead of the run's own γ histogram (tokens per round from the rounds of each length)."""
+    rates) instead of the run's own γ histogram (tokens per round from the rounds of each length). `new_tokens`:
+    tokens per row of the run predicted (default: the stats' own; pooled runs pass one run's length)."""
     plain_record = plain.costs if plain is not None else getattr(stats, "plain_costs", None)
     model = CostModel.fit(stats.costs, plain_record)
     acceptance = Acceptance.from_counts(stats.accepted_by_position, stats.checked_by_position)
@@ -293,7 +294,7 @@ def predict(stats, plain=None, gamma=None) -> Prediction:
         acceptance = _ByLength(acceptance, stats.costs)
         hist = dict(Counter(stats.gamma_per_round))
     rows = stats.row_passes / stats.target_passes if stats.target_passes else 1.0
-    per_row = stats.new_tokens / max(1, stats.batch_size)
+    per_row = new_tokens if new_tokens else stats.new_tokens / max(1, stats.batch_size)
     return predict_from(model, acceptance, hist, per_row or 128, rows)
 
 
@@ -317,11 +318,12 @@ def speedup_at(model: CostModel, alpha: float, gamma: float, new_tokens: float) 
     return (model.prefill_plain + n * model.plain_token_seconds) / (model.prefill_spec + n / tokens * seconds)
 
 
-def from_pairs(speculative_runs: list, plain_runs: list) -> Prediction:
-    """The prediction from timed (speculative, plain) pairs (`hfspec.measure`): both sides pooled."""
+def from_pairs(speculative_runs: list, plain_runs: list, new_tokens: float | None = None) -> Prediction:
+    """The prediction from timed (speculative, plain) pairs (`hfspec.measure`): both sides pooled, for runs of
+    `new_tokens` tokens per row (default: the pooled count)."""
     spec, plain = speculative_runs[0], plain_runs[0]
     for s in speculative_runs[1:]:
         spec = spec.merge(s)
     for p in plain_runs[1:]:
         plain = plain.merge(p)
-    return predict(spec, plain)
+    return predict(spec, plain, new_tokens=new_tokens)

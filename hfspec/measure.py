@@ -1,17 +1,35 @@
-"""The one rule for "measured speed-up", used by the CLI's `run`, the dashboard, `sweep` and `compare`.
+"""The one ruler for every measured figure: `hfspec run`, `sweep`, `compare`, `bench`, the dashboard and the
+benchmark scripts (benchmarks/common.py) time plain against speculative decoding here and nowhere else.
 
-Speculative and plain decoding of the same fixed number of tokens are timed in alternating pairs (the order
-flips every pair, so a drift in machine load falls on both sides); the speed-up is the ratio of the median
-tokens/s. A single pair on a busy machine can be off by tens of percent, so fewer than `ROUGH_BELOW` pairs is
-flagged `rough`, and the torch threads and the load average at the start say how busy the machine was.
+The rule (docs/measurement.md):
+
+1. The methods run in interleaved rounds (two methods alternate which goes first, more rotate), so a drift in
+   machine load falls on every side alike. `warmup` rounds run first and are not counted.
+2. Per round the speed-up is the ratio of tokens/s (speculative over plain). The figure is the median of those
+   ratios, with a distribution-free interval for the median from the order statistics of the ratios (about 95%;
+   its real coverage is kept: with n < 6 pairs it is the range, covering 1 − 2·0.5ⁿ).
+3. A round whose ratio or whose seconds per token on either side is far from the others (|modified z| >
+   `OUTLIER_Z`, from the median absolute deviation of the logs) is an outlier: it is dropped and re-measured
+   while the time budget allows (at most as many extra rounds as asked for).
+4. The verdict: `stable` when at least `ROUGH_BELOW` pairs remain, no more than `MAX_OUTLIER_SHARE` of them were
+   outliers and the interval is narrower than `STABLE_WIDTH` of the median. Otherwise a warning names the cause it
+   can find: the load average against the cores (`os.getloadavg`), other processes that took CPU time while it
+   timed (Linux /proc), a CPU frequency change (/sys cpufreq), else says none was found.
+5. A figure its own passes cannot produce is flagged ("implausible: …"), never shown as a fact: a measured
+   speed-up above `speedup_bound` (tokens per pass × plain's seconds per forward-second / (1 + γ̄·c_time): a round
+   costs at least its verify pass plus its draft forwards) by more than `PLAUSIBLE_SLACK`, or a c_time above
+   `C_TIME_MAX` for a draft with fewer bytes than the target.
+6. The predicted speed-up (the cost model, `hfspec.costmodel`) is fitted to the same timed passes, for the same
+   number of tokens per run; where it falls outside the interval, `disagreement` says which side differs and why.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -20,14 +38,326 @@ from hfspec.compat import old_names
 from hfspec.stats import SpecStats
 
 ROUGH_BELOW = 3  # pairs: a measurement from fewer is shown as rough
+OUTLIER_Z = 3.5  # |modified z-score| (0.6745·(x − median)/MAD of the logs) above which a round is an outlier
+MAX_OUTLIER_SHARE = 0.2  # more outliers than this share of the rounds (after re-measuring): unstable
+STABLE_WIDTH = 0.3  # interval width / median above which a figure is unstable
+LEVEL = 0.95  # the interval's aimed coverage
+PLAUSIBLE_SLACK = 0.25  # a measured speed-up may exceed its bound by this share (timer noise) before it is flagged
+C_TIME_MAX = 3.0  # a draft forward costing more target forwards than this (draft smaller than target): implausible
+BUSY_SHARE = 0.5  # another process using this share of a core while timing is named
+FREQ_CHANGE = 0.1  # a mean CPU frequency change beyond this share is named
 
 Timed = Callable[[int], SpecStats | None]  # run number (from 0) -> stats of one fixed-length run; None: stopped
 
 
+# ------------------------------------------------------------------------------------------------ the machine
+@dataclass
+class MachineState:
+    """What the machine was doing: cores, 1-minute load average, mean CPU frequency (MHz, where /sys has it) and
+    the CPU seconds of every other process (Linux /proc), at `at` (time.monotonic)."""
+
+    cores: int
+    load_avg: float | None = None
+    freq_mhz: float | None = None
+    cpu_seconds: dict[int, tuple[str, float]] | None = None
+    at: float = 0.0
+
+
+def machine_state() -> MachineState:
+    """The machine now (cheap: a few hundred small files on Linux, nothing elsewhere)."""
+    return MachineState(os.cpu_count() or 1, _load_avg(), _freq_mhz(), _cpu_seconds(), time.monotonic())
+
+
+def machine_causes(before: MachineState | None, after: MachineState | None, threads: int) -> list[str]:
+    """Why timings may be noisy, named from two readings around a measurement: load beyond our own threads,
+    other busy processes, a CPU frequency change. Empty when none of these is seen."""
+    if before is None:
+        return []
+    after = after or before
+    causes = []
+    loads = [x.load_avg for x in (before, after) if x.load_avg is not None]
+    if loads:
+        load, cores = max(loads), before.cores
+        others = load - min(threads, cores)
+        if load > cores or others >= 0.5 * cores:
+            causes.append(f"load {load:.1f} on {cores} core{'s' if cores != 1 else ''} (about {max(0.0, others):.1f} "
+                          f"beyond this process's {threads} thread{'s' if threads != 1 else ''})")
+    span = after.at - before.at
+    if before.cpu_seconds and after.cpu_seconds and span > 0:
+        busy = []
+        for pid, (name, seconds) in after.cpu_seconds.items():
+            share = (seconds - before.cpu_seconds.get(pid, (name, seconds))[1]) / span
+            if share >= BUSY_SHARE:
+                busy.append((share, f"{name} (pid {pid}, {share:.0%} of a core)"))
+        if busy:
+            causes.append("other busy processes: " + ", ".join(text for _, text in sorted(busy, reverse=True)[:3]))
+    if before.freq_mhz and after.freq_mhz and abs(after.freq_mhz / before.freq_mhz - 1) > FREQ_CHANGE:
+        causes.append(f"CPU frequency changed from {before.freq_mhz:.0f} to {after.freq_mhz:.0f} MHz")
+    return causes
+
+
+# ------------------------------------------------------------------------------------------------ statistics
+def median_interval(values: Sequence[float], level: float = LEVEL) -> tuple[float, float, float]:
+    """A distribution-free interval for the median from order statistics: (low, high, coverage). With fewer than
+    six values no pair of order statistics reaches 95%, so it is the range (coverage 1 − 2·0.5ⁿ)."""
+    xs = sorted(values)
+    n = len(xs)
+    if n == 0:
+        return math.nan, math.nan, 0.0
+    if n == 1:
+        return xs[0], xs[0], 0.0
+    cdf = [0.0]
+    for k in range(n + 1):
+        cdf.append(cdf[-1] + math.comb(n, k) / 2 ** n)
+    # P(X_(k) <= median <= X_(n-k+1)) = 1 − 2·P(Bin(n, ½) <= k − 1)
+    best = 1
+    for k in range(1, n // 2 + 1):
+        if 1 - 2 * cdf[k] >= level:
+            best = k
+    return xs[best - 1], xs[n - best], 1 - 2 * cdf[best]
+
+
+def outliers(values: Sequence[float], z: float = OUTLIER_Z) -> list[bool]:
+    """MAD-based outliers of positive values, on a log scale (a 10× slow run and a 10× fast one are alike):
+    |0.6745·(log x − median)/MAD| > z. The MAD is floored at 1% so identical values do not make every small
+    difference an outlier. Under three values nothing is an outlier (there is no majority to judge by)."""
+    if len(values) < 3:
+        return [False] * len(values)
+    logs = [math.log(v) if v > 0 else -math.inf for v in values]
+    finite = [x for x in logs if math.isfinite(x)]
+    if not finite:
+        return [False] * len(values)
+    mid = statistics.median(finite)
+    mad = max(statistics.median(abs(x - mid) for x in finite), 0.01)
+    return [not math.isfinite(x) or abs(0.6745 * (x - mid) / mad) > z for x in logs]
+
+
+@dataclass
+class Sample:
+    """One timed call: seconds, tokens made, and what it returned."""
+
+    seconds: float
+    tokens: int
+    out: object = None
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class Ratio:
+    """One method's speed-up over the baseline across the kept rounds."""
+
+    median: float
+    low: float
+    high: float
+    coverage: float
+    sd: float | None
+    rates: list[float]           # the method's tokens/s per kept round
+    baseline_rates: list[float]
+
+    @property
+    def tokens_per_second(self) -> float:
+        return statistics.median(self.rates) if self.rates else 0.0
+
+    @property
+    def baseline_tokens_per_second(self) -> float:
+        return statistics.median(self.baseline_rates) if self.baseline_rates else 0.0
+
+    @property
+    def width(self) -> float:
+        return (self.high - self.low) / self.median if self.median else math.inf
+
+
+@dataclass
+class Timings:
+    """Interleaved rounds of several methods: all rounds taken, which were outliers, the verdict."""
+
+    names: list[str]
+    baseline: str
+    rounds: list[dict[str, Sample]]
+    outlier: list[bool]
+    warmup: int = 0
+    remeasured: int = 0
+    threads: int = 1
+    before: MachineState | None = None
+    after: MachineState | None = None
+    budget_s: float | None = None
+    ran_out: bool = False       # the budget ended re-measuring with outliers left
+
+    @property
+    def kept(self) -> list[dict[str, Sample]]:
+        return [r for r, bad in zip(self.rounds, self.outlier, strict=True) if not bad]
+
+    @property
+    def pairs(self) -> int:
+        return len(self.kept)
+
+    @property
+    def outliers(self) -> int:
+        return sum(self.outlier)
+
+    def ratio(self, name: str) -> Ratio:
+        kept = self.kept
+        rates = [r[name].rate for r in kept]
+        base = [r[self.baseline].rate for r in kept]
+        ratios = [a / b if b else 0.0 for a, b in zip(rates, base, strict=True)]
+        if not ratios:
+            return Ratio(0.0, 0.0, 0.0, 0.0, None, [], [])
+        low, high, coverage = median_interval(ratios)
+        return Ratio(statistics.median(ratios), low, high, coverage,
+                     statistics.stdev(ratios) if len(ratios) > 1 else None, rates, base)
+
+    def verdict(self) -> tuple[bool, list[str]]:
+        """(stable, warnings): unstable when rough, outlier-ridden or wide; warnings name what was seen and the
+        machine's likely cause (also for a stable figure taken on a busy machine)."""
+        problems = []
+        n = len(self.rounds)
+        if self.pairs < ROUGH_BELOW:
+            problems.append(f"only {self.pairs} pair{'s' if self.pairs != 1 else ''} timed")
+        if n and self.outliers / n > MAX_OUTLIER_SHARE:
+            problems.append(f"{self.outliers} of {n} pairs were outliers"
+                            + (" and the time budget ended re-measuring" if self.ran_out else ""))
+        wide = [(name, self.ratio(name)) for name in self.names if name != self.baseline]
+        for name, r in wide:
+            if r.median and r.width > STABLE_WIDTH and self.pairs >= 2:
+                label = "" if len(wide) == 1 else f" for {name}"
+                problems.append(f"interval{label} {r.low:.2f}–{r.high:.2f}× is ±{r.width / 2:.0%} of the median")
+        causes = machine_causes(self.before, self.after, self.threads)
+        warnings = []
+        if problems:
+            why = "; ".join(causes) if causes else "no cause seen (load, other processes and CPU frequency were quiet)"
+            warnings.append(f"unstable: {'; '.join(problems)} — {why}")
+        elif causes:
+            warnings.append(f"busy machine: {'; '.join(causes)} (the pairs agreed nonetheless)")
+        return not problems, warnings
+
+
+def interleaved(runs: dict[str, Callable[[int], object]], baseline: str, rounds: int, warmup: int = 0,
+                budget_s: float | None = None, on_round: Callable[[int], None] | None = None,
+                remeasure: bool = True, machine: Callable[[], MachineState] | None = machine_state) -> Timings | None:
+    """Time `runs` ({name: fn(run number) -> SpecStats | Sample | anything}) in interleaved rounds: `warmup` rounds
+    first (not counted), then up to `rounds` rounds, then a replacement round for each outlier while the budget
+    and `rounds` extra rounds allow. A SpecStats is timed by its own clock (`time_total`, `new_tokens`), a Sample
+    as given, anything else by the wall clock (one token). No new round starts once `budget_s` seconds have
+    passed since the counted rounds began (one round at least). None when the first round was stopped (a fn
+    returned None or stopped stats); a later stop keeps the rounds finished so far."""
+    names = list(runs)
+    for i in range(warmup):
+        if _round(runs, names, i) is None:
+            return None
+    before = machine() if machine else None
+    timings = Timings(names, baseline, [], [], warmup=warmup, threads=torch.get_num_threads(), before=before,
+                      budget_s=budget_s)
+    began = time.perf_counter()
+
+    def spent() -> bool:
+        return budget_s is not None and time.perf_counter() - began >= budget_s
+
+    def take(i: int) -> bool:
+        if on_round is not None:
+            on_round(i)
+        got = _round(runs, names, i)
+        if got is None:
+            return False
+        timings.rounds.append(got)
+        return True
+
+    i, stopped = 0, False
+    while i < rounds and not (timings.rounds and spent()):
+        if not take(i):
+            stopped = True
+            break
+        i += 1
+    if not timings.rounds:
+        return None
+    timings.outlier = _outliers(timings)
+    extra = 0
+    while remeasure and not stopped and timings.outliers and timings.pairs < rounds and extra < rounds:
+        if spent():
+            timings.ran_out = True
+            break
+        if not take(i):
+            break
+        i += 1
+        extra += 1
+        timings.outlier = _outliers(timings)
+    timings.remeasured = extra
+    timings.after = machine() if machine else None
+    return timings
+
+
+def _round(runs, names: list[str], i: int) -> dict[str, Sample] | None:
+    order = names[i % len(names):] + names[:i % len(names)] if len(names) > 2 else \
+        (names if i % 2 == 0 else names[::-1])
+    got = {}
+    for name in order:
+        began = time.perf_counter()
+        out = runs[name](i)
+        wall = time.perf_counter() - began
+        if out is None:
+            return None
+        if isinstance(out, Sample):
+            sample = out
+        elif isinstance(out, SpecStats):
+            if out.stopped or not out.new_tokens:
+                return None
+            sample = Sample(out.time_total, out.new_tokens, out)
+        else:
+            sample = Sample(wall, 1, out)
+        got[name] = sample
+    return {name: got[name] for name in names}
+
+
+def _outliers(t: Timings) -> list[bool]:
+    flags = [False] * len(t.rounds)
+    series = [[r[n].seconds / max(1, r[n].tokens) for r in t.rounds] for n in t.names]
+    series += [[r[n].rate / r[t.baseline].rate if r[t.baseline].rate else 0.0 for r in t.rounds]
+               for n in t.names if n != t.baseline]
+    for values in series:
+        flags = [a or b for a, b in zip(flags, outliers(values), strict=True)]
+    return flags
+
+
+# ------------------------------------------------------------------------------------------------ plausibility
+def speedup_bound(spec: SpecStats, plain: SpecStats | None = None) -> float | None:
+    """The most a speculative run with these passes can gain: tokens per pass × (plain seconds / plain forward
+    seconds) / (1 + γ̄·c_time). A round costs at least one verify pass (no cheaper than a plain step) plus its
+    draft forwards (c_time verify passes each); plain decoding pays its forward plus what it spends outside
+    forwards per token, which a round could at best share. None when the passes do not say (nothing timed)."""
+    if not spec.target_passes or not spec.time_target:
+        return None
+    overhead = plain.time_total / plain.time_target if plain is not None and plain.time_target > 0 else 1.0
+    return spec.tokens_per_pass * max(1.0, overhead) / (1 + spec.mean_gamma * max(0.0, spec.c_time))
+
+
+def implausible(measured: float | None, spec: SpecStats | None, plain: SpecStats | None = None) -> list[str]:
+    """Flags ("implausible: …") for a measured speed-up or c_time its own passes cannot produce; [] when the
+    figure is possible."""
+    if spec is None:
+        return []
+    flags = []
+    c, cb = spec.c_time, spec.c_bytes
+    if spec.draft_forwards and 0 < cb < 1 and c > C_TIME_MAX:
+        flags.append(f"implausible: c_time {c:.1f} — a draft forward took {c:.1f} target forwards though the draft "
+                     f"has {cb:.2f} of the target's bytes (its forwards were slowed while timed)")
+    bound = speedup_bound(spec, plain)
+    if measured and bound and measured > bound * (1 + PLAUSIBLE_SLACK):
+        flags.append(f"implausible: measured {measured:.2f}× is above the {bound:.2f}× its own passes allow "
+                     f"({spec.tokens_per_pass:.2f} tokens per pass, γ̄ {spec.mean_gamma:.1f}, c_time {c:.2f}) — "
+                     "the plain runs were slowed, not the speculative ones sped up")
+    if measured is not None and measured < 0:
+        flags.append(f"implausible: measured {measured:.2f}× is negative")
+    return flags
+
+
+# ------------------------------------------------------------------------------------------------ speed-up
 @old_names
 @dataclass
 class Measurement:
-    """Speculative against plain decoding of `new_tokens` tokens, `pairs` alternating pairs, medians."""
+    """Speculative against plain decoding of `new_tokens` tokens per run over `pairs` kept interleaved pairs:
+    the median per-pair ratio, its interval, the verdict and the flags."""
 
     new_tokens: int
     speculative_tokens_per_second: float
@@ -35,32 +365,83 @@ class Measurement:
     pairs: int
     threads: int
     load_avg: float | None
-    speedup_sd: float | None = None  # s.d. of the per-pair ratios (None under two pairs)
+    speedup_sd: float | None = None  # s.d. of the kept per-pair ratios (None under two pairs)
     speculative_runs: list[SpecStats] = field(default_factory=list, repr=False, compare=False)
     plain_runs: list[SpecStats] = field(default_factory=list, repr=False, compare=False)
+    ratio: float | None = None       # median of the per-pair ratios (None: the ratio of the medians)
+    low: float | None = None         # interval of the median ratio
+    high: float | None = None
+    coverage: float | None = None    # its coverage (≈ 0.95 from six pairs, 1 − 2·0.5ⁿ under)
+    outliers: int = 0                # pairs dropped as outliers
+    remeasured: int = 0              # pairs taken to replace them
+    warmup: int = 0                  # pairs run first and not counted
+    stable: bool | None = None       # None: no verdict (built by hand)
+    warnings: list[str] = field(default_factory=list)
+    flags: list[str] = field(default_factory=list)  # "implausible: …"
+    cores: int | None = None
+    segment: str = ""                # how the timed runs relate to the run, e.g. "32-token segments of the run"
 
     @property
     def measured_speedup(self) -> float:
+        if self.ratio is not None:
+            return self.ratio
         plain = self.plain_tokens_per_second
         return self.speculative_tokens_per_second / plain if plain else 0.0
 
     @property
     def predicted_speedup(self) -> float:
-        """The cost model (`hfspec.costmodel`) fitted to the timed pairs: the speed-up they predict."""
+        """The cost model fitted to the same timed pairs, for runs of their length: the speed-up they predict."""
         from hfspec.costmodel import from_pairs
 
-        return from_pairs(self.speculative_runs, self.plain_runs).speedup if self.speculative_runs else 0.0
+        if not self.speculative_runs:
+            return 0.0
+        return from_pairs(self.speculative_runs, self.plain_runs, new_tokens=self.tokens_per_row).speedup
+
+    @property
+    def tokens_per_row(self) -> float:
+        rows = self.speculative_runs[0].batch_size if self.speculative_runs else 1
+        return self.new_tokens / max(1, rows)
 
     @property
     def rough(self) -> bool:
         return self.pairs < ROUGH_BELOW
 
+    @property
+    def implausible(self) -> bool:
+        return bool(self.flags)
+
+    @property
+    def reliable(self) -> bool:
+        """Stable, not rough and not flagged: a figure to rely on."""
+        return self.stable is not False and not self.rough and not self.flags
+
+    @property
+    def verdict(self) -> str:
+        """One word: "implausible", "unstable", "rough" or "stable"."""
+        if self.flags:
+            return "implausible"
+        if self.stable is False and not self.rough:
+            return "unstable"
+        return "rough" if self.rough else "stable"
+
+    @property
+    def why(self) -> str:
+        """Everything that makes the figure unreliable, one line ("" when reliable)."""
+        return "; ".join(self.flags + self.warnings)
+
+    @property
+    def disagreement(self) -> str:
+        return disagreement(self)
+
     def summary(self) -> dict:
         """The measurement's numbers as plain data (for exports)."""
-        return {"measured_speedup": self.measured_speedup, "pairs": self.pairs, "rough": self.rough,
-                "speculative_tokens_per_second": self.speculative_tokens_per_second,
+        return {"measured_speedup": self.measured_speedup, "measured_speedup_low": self.low,
+                "measured_speedup_high": self.high, "interval_coverage": self.coverage, "pairs": self.pairs,
+                "outliers": self.outliers, "remeasured": self.remeasured, "rough": self.rough,
+                "stable": self.stable, "verdict": self.verdict, "warnings": "; ".join(self.warnings),
+                "flags": "; ".join(self.flags), "speculative_tokens_per_second": self.speculative_tokens_per_second,
                 "plain_tokens_per_second": self.plain_tokens_per_second, "threads": self.threads,
-                "load_avg": self.load_avg}
+                "load_avg": self.load_avg, "cores": self.cores, "segment": self.segment}
 
 
 def predicted_speedup(stats: SpecStats, measurement: Measurement | None = None) -> float:
@@ -72,51 +453,93 @@ def predicted_speedup(stats: SpecStats, measurement: Measurement | None = None) 
 
 
 def measure_speedup(speculative: Timed, plain: Timed, pairs: int = ROUGH_BELOW, budget_s: float | None = None,
-                    on_pair: Callable[[int], None] | None = None) -> Measurement | None:
-    """Time up to `pairs` (speculative, plain) pairs, alternating which runs first; no new pair starts once
-    `budget_s` seconds have passed (one pair at least). `on_pair(i)` is called before pair i (from 0).
-    None when the first pair was stopped; a later stop keeps the pairs finished so far."""
-    load = _load_avg()
-    threads = torch.get_num_threads()
-    spec_runs: list[SpecStats] = []
-    plain_runs: list[SpecStats] = []
-    began = time.perf_counter()
-    for i in range(pairs):
-        if spec_runs and budget_s is not None and time.perf_counter() - began >= budget_s:
-            break
-        if on_pair is not None:
-            on_pair(i)
-        pair = _pair(speculative, plain, i)
-        if pair is None:
-            break
-        spec_runs.append(pair[0])
-        plain_runs.append(pair[1])
-    if not spec_runs:
+                    on_pair: Callable[[int], None] | None = None, warmup: int = 0, remeasure: bool = True,
+                    machine: Callable[[], MachineState] | None = machine_state,
+                    segment: str = "") -> Measurement | None:
+    """Time up to `pairs` (speculative, plain) pairs, alternating which runs first, after `warmup` uncounted
+    pairs; outliers are re-measured while `budget_s` allows (`interleaved`). None when the first pair was
+    stopped; a later stop keeps the pairs finished so far."""
+    timings = interleaved({"spec": speculative, "plain": plain}, "plain", pairs, warmup=warmup, budget_s=budget_s,
+                          on_round=on_pair, remeasure=remeasure, machine=machine)
+    if timings is None:
         return None
-    ratios = [_rate(s) / _rate(p) if _rate(p) else 0.0 for s, p in zip(spec_runs, plain_runs, strict=True)]
-    return Measurement(
-        new_tokens=spec_runs[0].new_tokens,
-        speculative_tokens_per_second=statistics.median(_rate(s) for s in spec_runs),
-        plain_tokens_per_second=statistics.median(_rate(p) for p in plain_runs),
-        pairs=len(spec_runs), threads=threads, load_avg=load,
-        speedup_sd=statistics.stdev(ratios) if len(ratios) > 1 else None,
-        speculative_runs=spec_runs, plain_runs=plain_runs,
-    )
+    return from_timings(timings, segment)
 
 
-def _pair(speculative: Timed, plain: Timed, i: int) -> tuple[SpecStats, SpecStats] | None:
-    got: dict[str, SpecStats] = {}
-    for name, run in (("spec", speculative), ("plain", plain)) if i % 2 == 0 else (("plain", plain),
-                                                                                     ("spec", speculative)):
-        stats = run(i)
-        if stats is None or stats.stopped or not stats.new_tokens:
-            return None
-        got[name] = stats
-    return got["spec"], got["plain"]
+def from_timings(timings: Timings, segment: str = "", name: str = "spec") -> Measurement:
+    """The Measurement of one method against the baseline of interleaved timings."""
+    kept = timings.kept
+    r = timings.ratio(name)
+    stable, warnings = timings.verdict()
+    spec_runs = [k[name].out for k in kept if isinstance(k[name].out, SpecStats)]
+    plain_runs = [k[timings.baseline].out for k in kept if isinstance(k[timings.baseline].out, SpecStats)]
+    before = timings.before
+    m = Measurement(
+        new_tokens=kept[0][name].tokens if kept else 0,
+        speculative_tokens_per_second=r.tokens_per_second, plain_tokens_per_second=r.baseline_tokens_per_second,
+        pairs=len(kept), threads=timings.threads, load_avg=_max_load(timings), speedup_sd=r.sd,
+        speculative_runs=spec_runs, plain_runs=plain_runs, ratio=r.median, low=r.low, high=r.high,
+        coverage=r.coverage, outliers=timings.outliers, remeasured=timings.remeasured, warmup=timings.warmup,
+        stable=stable, warnings=warnings, cores=before.cores if before else os.cpu_count(), segment=segment)
+    if spec_runs and len(spec_runs) == len(plain_runs):
+        m.flags = implausible(m.measured_speedup, _pool(spec_runs), _pool(plain_runs))
+    return m
 
 
-def _rate(stats: SpecStats) -> float:
-    return stats.new_tokens / stats.time_total if stats.time_total else 0.0
+def disagreement(m: Measurement) -> str:
+    """Why the predicted speed-up lies outside the measured interval ("" when it lies inside, or nothing to say):
+    the side (speculative or plain) whose predicted tokens/s is further from the measured one, and whether the
+    timings were unreliable or the cost model lacked a one-token timing."""
+    if not m.speculative_runs or m.low is None or m.high is None:
+        return ""
+    from hfspec.costmodel import from_pairs
+
+    p = from_pairs(m.speculative_runs, m.plain_runs, new_tokens=m.tokens_per_row)
+    if not p.speedup or m.low <= p.speedup <= m.high:
+        return ""
+    off = {"speculative": (p.speculative_tokens_per_second, m.speculative_tokens_per_second),
+           "plain": (p.plain_tokens_per_second, m.plain_tokens_per_second)}
+    side, (pred, meas) = max(off.items(), key=lambda kv: abs(math.log(kv[1][0] / kv[1][1]))
+                             if kv[1][0] > 0 and kv[1][1] > 0 else 0.0)
+    reasons = [f"the cost model gives {side} decoding {pred:.1f} tok/s against {meas:.1f} measured"]
+    if side == "plain":
+        reasons.append("plain runs spent time the model does not price (set-up outside the timed steps, "
+                       "or load while they ran)")
+    else:
+        reasons.append("speculative rounds varied more than the fitted per-round costs (load, or rounds of "
+                       "unusual length)")
+    if "assumed" in p.source:
+        reasons.append(p.source)
+    if not m.reliable:
+        reasons.append(f"the timings were {m.verdict}")
+    return (f"predicted {p.speedup:.2f}× lies outside the measured {m.low:.2f}–{m.high:.2f}×: "
+            + "; ".join(reasons))
+
+
+def ideal_note(stats: SpecStats, measured: float | None) -> str:
+    """What the ideal speed-up (paper's formula with c_bytes) means when the measured figure is above it ("" when
+    it is not): it is no upper bound."""
+    ideal = stats.ideal_speedup
+    if not measured or not ideal or measured <= ideal:
+        return ""
+    if 0 < stats.c_time < stats.c_bytes:
+        why = (f"the draft's forward costs less of the target's ({stats.c_time:.2f}) than its bytes "
+               f"({stats.c_bytes:.2f})")
+    else:
+        why = "plain decoding pays per-token overhead outside forwards that a speculative round shares"
+    return f"measured is above the ideal {ideal:.2f}×, which is no upper bound: {why}"
+
+
+def _pool(runs: list[SpecStats]) -> SpecStats:
+    pooled = runs[0]
+    for s in runs[1:]:
+        pooled = pooled.merge(s)
+    return pooled
+
+
+def _max_load(t: Timings) -> float | None:
+    loads = [x.load_avg for x in (t.before, t.after) if x is not None and x.load_avg is not None]
+    return max(loads) if loads else (_load_avg() if t.before is None else None)
 
 
 def _load_avg() -> float | None:
@@ -124,3 +547,44 @@ def _load_avg() -> float | None:
         return os.getloadavg()[0]
     except (AttributeError, OSError):  # not on every platform
         return None
+
+
+def _freq_mhz() -> float | None:
+    values = []
+    try:
+        for entry in os.scandir("/sys/devices/system/cpu"):
+            if entry.name.startswith("cpu") and entry.name[3:].isdigit():
+                try:
+                    with open(os.path.join(entry.path, "cpufreq", "scaling_cur_freq")) as fh:
+                        values.append(int(fh.read()) / 1000)
+                except (OSError, ValueError):
+                    continue
+    except OSError:
+        return None
+    return sum(values) / len(values) if values else None
+
+
+def _cpu_seconds() -> dict[int, tuple[str, float]] | None:
+    """utime + stime of every other process, from /proc (None where there is none)."""
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return None
+    me = os.getpid()
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out = {}
+    for pid in pids:
+        if pid == me:
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                text = fh.read()
+        except OSError:
+            continue
+        name = text[text.find("(") + 1:text.rfind(")")]
+        rest = text[text.rfind(")") + 2:].split()
+        try:
+            out[pid] = (name, (int(rest[11]) + int(rest[12])) / tick)
+        except (IndexError, ValueError):
+            continue
+    return out

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import csv
+import functools
 import json
+import math
 from pathlib import Path
 
 from hfspec import verify_cost
@@ -61,12 +63,10 @@ def stats_lines(stats: SpecStats, baseline=None, measured_speedup: float | None 
         f"other {s.time_other:.2f}",
         f"tokens per second        {s.tokens_per_second:.1f}",
     ]
-    if baseline is not None and measured_speedup:
-        plain = baseline.tokens_per_second
-        median = f"median of {baseline.pairs} alternating pairs, " if baseline.pairs > 1 else ""
-        lines.append(f"measured speed-up        {measured_speedup:.2f}×{_roughness(measurement)} ({median}"
-                     f"{baseline.new_tokens} tokens, speculative {measured_speedup * plain:.1f} tok/s, plain "
-                     f"decoding {plain:.1f} tok/s{_machine(measurement)})")
+    if measurement is not None and measured_speedup:
+        lines += measurement_lines(measurement, s)
+    elif baseline is not None and measured_speedup:  # a measurement built by hand, without the ruler's record
+        lines.append(f"measured speed-up        {measured_speedup:.2f}× ({baseline.new_tokens} tokens)")
     lines += [f"advice                   {line}" for line in [verify_cost.advice(s, baseline)] if line]
     return lines
 
@@ -77,17 +77,32 @@ def _source(stats: SpecStats, measurement) -> str:
     return stats.prediction.source if stats.target_passes else "nothing measured"
 
 
-def _roughness(measurement) -> str:
-    if measurement is None or not measurement.rough:
-        return ""
-    return f" (rough: {measurement.pairs} pair{'s' if measurement.pairs != 1 else ''})"
+def measurement_lines(m, stats: SpecStats | None = None) -> list[str]:
+    """The measured speed-up as the ruler (`hfspec.measure`) gives it: the figure with its interval, how it was
+    timed, the verdict, and a line for each warning, flag, disagreement with the prediction and ideal note."""
+    from hfspec.measure import ideal_note
 
-
-def _machine(measurement) -> str:
-    if measurement is None:
-        return ""
-    load = f", load {measurement.load_avg:.2f}" if measurement.load_avg is not None else ""
-    return f"; {measurement.threads} torch thread{'s' if measurement.threads != 1 else ''}{load}"
+    x = m.measured_speedup
+    interval = (f" [{m.low:.2f}–{m.high:.2f}×, {m.coverage:.0%} interval]"
+                if m.low is not None and m.high is not None and m.pairs > 1 else "")
+    how = (f"median of {m.pairs} alternating pair{'s' if m.pairs != 1 else ''}"
+           + (f" of {m.segment}" if m.segment else f" of {m.new_tokens} tokens")
+           + (f", {m.outliers} outlier{'s' if m.outliers != 1 else ''} dropped and {m.remeasured} re-measured"
+              if m.outliers else ""))
+    load = f", load {m.load_avg:.2f}" if m.load_avg is not None else ""
+    cores = f" on {m.cores} cores" if m.cores else ""
+    word = "" if m.verdict == "stable" else f" ({m.verdict.upper()}, not a fact)" if m.flags else f" ({m.verdict})"
+    lines = [f"measured speed-up        {x:.2f}×{interval}{word} ({how}; speculative "
+             f"{m.speculative_tokens_per_second:.1f} tok/s, plain decoding {m.plain_tokens_per_second:.1f} tok/s; "
+             f"{m.threads} torch thread{'s' if m.threads != 1 else ''}{cores}{load})"]
+    lines += [f"  ! {text}" for text in m.flags + m.warnings]
+    if m.disagreement:
+        lines.append(f"  predicted vs measured: {m.disagreement}")
+    timed = functools.reduce(SpecStats.merge, m.speculative_runs) if m.speculative_runs else stats
+    note = ideal_note(timed, x) if timed is not None else ""
+    if note:
+        lines.append(f"  ideal: {note}")
+    return lines
 
 
 def _ratios(accepted: list[int], checked: list[int]) -> str:
@@ -126,9 +141,62 @@ def dumps(data) -> str:
     return json.dumps(data, indent=2, ensure_ascii=False)
 
 
-def plot_sweep(rows: list[dict], path: str | Path) -> None:
-    """The plate's figure: tokens per pass against γ (measured points ± 1 s.d. over repeats, formula curve) and
-    speed-up against γ (measured ± 1 s.d., the paper's formula with the measured c_time, the ideal with c_bytes)."""
+def measured_cell(row: dict) -> str:
+    """A table's measured speed-up: "1.32× [1.25–1.40]" and the verdict when it is not stable."""
+    x = row.get("measured_speedup")
+    if not x:
+        return "-"
+    lo, hi = row.get("measured_speedup_low"), row.get("measured_speedup_high")
+    text = f"{x:.2f}×" + (f" [{lo:.2f}–{hi:.2f}]" if lo is not None and hi is not None and lo != hi else "")
+    why = row_problem(row)
+    return text + (f" {why.upper() if why == 'implausible' else why}" if why else "")
+
+
+def row_notes(rows: list[dict]) -> list[str]:
+    """One line per row with flags, warnings or a disagreement between predicted and measured."""
+    out = []
+    for r in rows:
+        where = f"{r.get('draft')} γ {r.get('gamma')}"
+        for key in ("flags", "warnings", "disagreement"):
+            for text in filter(None, str(r.get(key) or "").split("; ")) if key != "disagreement" else \
+                    [r.get(key)] if r.get(key) else []:
+                out.append(f"{where}: {text}")
+    return out
+
+
+def row_problem(row: dict) -> str:
+    """Why a sweep/compare row's measured speed-up is not to be relied on ("" when it is): "implausible",
+    "unstable" or "rough" (fewer than `hfspec.measure.ROUGH_BELOW` pairs), by the ruler's columns (rows written
+    before them: by their repeats)."""
+    from hfspec.measure import ROUGH_BELOW
+
+    if row.get("flags"):
+        return "implausible"
+    if row.get("stable") is False or row.get("verdict") == "unstable":
+        return "unstable"
+    pairs = row.get("pairs") if row.get("pairs") is not None else row.get("repeats", 1)
+    return "rough" if (pairs or 0) < ROUGH_BELOW else ""
+
+
+WHY = {"rough": "rough: fewer than 3 timed pairs", "unstable": "unstable: pairs disagreed (see warnings)",
+       "implausible": "implausible: above what its passes allow"}
+
+
+def speed_axis(plausible: list[float]) -> tuple[float, float]:
+    """A speed-up axis set by the plausible values (predicted, formulas, reliable measurements and their bounds):
+    0 to 1.3 × their largest (at least 1.5×); an implausible point beyond it is drawn at the edge, not stretched
+    to."""
+    top = max([1.5, *(v for v in plausible if v is not None and math.isfinite(v))]) * 1.3
+    return 0.0, top
+
+
+def plot_sweep(rows: list[dict], path: str | Path) -> dict:
+    """The plate's figure: tokens per pass against γ (measured points ± 1 s.d. over pairs, formula curve) and
+    speed-up against γ: measured (median with its interval as bars; hollow where rough, unstable or implausible,
+    the legend says which), the predicted speed-up (the cost model, the figure the CSV and CLI give), the paper's
+    formula with c_time and with c_bytes (ideal). The speed-up axis is set by the plausible values; a point
+    beyond it is drawn at the edge with its value written. Returns what it drew: {"ylim", "unreliable":
+    [(draft, γ, why)], "off_scale": [(draft, γ, value)]} (for tests)."""
     from hfspec.extras import require_extra
 
     require_extra("plot", "plot", "drawing the sweep's figure")
@@ -136,8 +204,20 @@ def plot_sweep(rows: list[dict], path: str | Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.6))
+    drawn = {"unreliable": [], "off_scale": []}
+    plausible, why_seen = [], set()
+    for r in rows:
+        if r.get("gamma") == "auto":
+            continue
+        plausible += [r.get("predicted_speedup"), r.get("paper_speedup"), r.get("ideal_speedup")]
+        if not row_problem(r):
+            plausible += [r.get("measured_speedup_high") or r.get("measured_speedup")]
+        elif r.get("speedup_bound"):
+            plausible.append(r["speedup_bound"])
+    low, top = speed_axis([v for v in plausible if v])
     for i, draft in enumerate(dict.fromkeys(r["draft"] for r in rows)):
         pts = [r for r in rows if r["draft"] == draft and r["gamma"] != "auto"]
         if not pts:
@@ -153,24 +233,57 @@ def plot_sweep(rows: list[dict], path: str | Path) -> None:
                      color=colour, capsize=3, label=f"{draft} measured")
         ax1.plot(curve, [expected_tokens_per_pass(alpha, g) for g in curve], "-", color=colour, alpha=0.6,
                  label=f"{draft} formula, α={alpha:.2f}")
+        if any(r.get("predicted_speedup") for r in pts):
+            ax2.plot(gs, [r.get("predicted_speedup") or math.nan for r in pts], "-", marker="x", color=colour,
+                     label=f"{draft} predicted (cost model, as in the CSV)")
         if c_time > 0:  # no paper speed-up where no draft forward was timed (prompt lookup)
-            ax2.plot(curve, [paper_speedup(alpha, g, c_time) for g in curve], "-", color=colour, alpha=0.6,
-                     label=f"{draft} paper speed-up, c_time={c_time:.2f}")
+            ax2.plot(curve, [paper_speedup(alpha, g, c_time) for g in curve], "--", color=colour, alpha=0.5,
+                     label=f"{draft} paper formula, c_time={c_time:.2f}")
         ax2.plot(curve, [paper_speedup(alpha, g, c_bytes) for g in curve], ":", color=colour, alpha=0.5,
-                 label=f"{draft} ideal speed-up, c_bytes={c_bytes:.2f}")
-        ax2.errorbar(gs, [r["measured_speedup"] for r in pts], yerr=_errors(pts, "measured_speedup_sd"), fmt="s",
-                     color=colour, capsize=3, label=f"{draft} measured speed-up (wall clock)")
-    repeats = max((r.get("repeats", 1) for r in rows), default=1)
-    note = f" (bars: ± 1 s.d. over {repeats} repeats)" if repeats > 1 else ""
+                 label=f"{draft} paper formula with c_bytes={c_bytes:.2f} (ideal)")
+        first = True
+        for r in pts:
+            value = r["measured_speedup"]
+            why = row_problem(r)
+            lo, hi = r.get("measured_speedup_low"), r.get("measured_speedup_high")
+            shown = min(value, top * 0.97)
+            if value > top * 0.97:
+                drawn["off_scale"].append((draft, r["gamma"], value))
+                ax2.annotate(f"{value:.1f}× ↑", (r["gamma"], shown), textcoords="offset points", xytext=(4, -10),
+                             fontsize=7, color=colour)
+            if why:
+                drawn["unreliable"].append((draft, r["gamma"], why))
+                why_seen.add(why)
+            if lo is not None and hi is not None:
+                err = [[max(0.0, shown - min(lo, top))], [max(0.0, min(hi, top) - shown)]]
+            else:
+                err = [[r.get("measured_speedup_sd") or 0.0], [r.get("measured_speedup_sd") or 0.0]]
+            ax2.errorbar([r["gamma"]], [shown], yerr=err, fmt="s", color=colour, capsize=3,
+                         markerfacecolor="white" if why else colour, markeredgecolor=colour,
+                         label=f"{draft} measured speed-up (median, interval)" if first else None)
+            first = False
+    pairs = max((r.get("pairs") or r.get("repeats", 1) for r in rows), default=1)
+    note = f" (bars: ± 1 s.d. over {pairs} pairs)" if pairs > 1 else ""
     ax1.set(xlabel="γ (draft tokens per round)", ylabel="tokens per target pass", title="Tokens per target pass" + note)
-    ax2.set(xlabel="γ (draft tokens per round)", ylabel="speed-up over plain decoding (×)", title="Speed-up" + note)
+    ax2.set(xlabel="γ (draft tokens per round)", ylabel="speed-up over plain decoding (×)",
+            title="Speed-up (bars: the median's interval over pairs)")
+    ax2.set_ylim(low, top)
     ax2.axhline(1.0, color="grey", lw=0.8, ls="--")
+    handles = [Line2D([], [], marker="s", ls="", markerfacecolor="white", markeredgecolor="black",
+                      label="hollow: " + "; ".join(WHY[w] for w in sorted(why_seen)))] if why_seen else []
+    if drawn["off_scale"]:
+        handles.append(Line2D([], [], ls="", marker="$↑$", color="black",
+                              label="off the axis (value written; axis set by the plausible values)"))
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)  # off the data
+        extra = handles if ax is ax2 else []
+        ax.legend(handles=ax.get_legend_handles_labels()[0] + extra, fontsize=7, loc="upper center",
+                  bbox_to_anchor=(0.5, -0.16), ncol=2)  # off the data
     fig.tight_layout()
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
+    drawn["ylim"] = (low, top)
+    return drawn
 
 
 def _errors(rows: list[dict], key: str) -> list[float]:

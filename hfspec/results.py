@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from hfspec import verify_cost
 from hfspec.compat import RenamedKeys, old_names, renamed_keys
-from hfspec.measure import Measurement, predicted_speedup
+from hfspec.measure import Measurement, ideal_note, predicted_speedup
 from hfspec.settings import RunSettings
 from hfspec.stats import SpecStats, expected_tokens_per_pass, paper_speedup
 from hfspec.sweep import SweepRow
@@ -65,13 +65,8 @@ class RunResult:
 
     @property
     def measured_speedup(self) -> float | None:
-        """Speculative over plain tokens/s, both measured the same way right after the run (no live display)."""
-        if self.measurement is not None:
-            return self.measurement.measured_speedup or None
-        if self.baseline is None or not self.baseline.tokens_per_second:
-            return None
-        speculative = self.baseline.speculative_tokens_per_second or self.stats.tokens_per_second
-        return speculative / self.baseline.tokens_per_second
+        """The measurement's figure (`hfspec.measure`, the one ruler); None when the run was not measured."""
+        return (self.measurement.measured_speedup or None) if self.measurement is not None else None
 
     @property
     def predicted_speedup(self) -> float:
@@ -132,6 +127,12 @@ class RunResult:
             "measured_rough": self.rough,
             "measured_threads": self.threads,
             "measured_load_avg": self.load_avg,
+            **{f"measured_{k}" if not k.startswith("measured_") else k: v
+               for k, v in (self.measurement.summary() if self.measurement else {}).items()
+               if k in ("measured_speedup_low", "measured_speedup_high", "interval_coverage", "outliers",
+                        "remeasured", "stable", "verdict", "warnings", "flags", "cores", "segment")},
+            "disagreement": self.measurement.disagreement if self.measurement else "",
+            "ideal_note": ideal_note(s, self.measured_speedup),
             "stop_reason": s.stop_reason,
             "stopped": s.stopped,
         }

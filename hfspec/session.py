@@ -42,14 +42,20 @@ from hfspec.sweep import sweep as run_sweep
 from hfspec.validate import GAMMA_MAX
 
 __all__ = [
-    "GAMMA_MAX", "MEASURE_BUDGET_S", "MEASURE_PAIRS", "ROLLING_WINDOW", "STOP_REASONS", "Baseline", "Cancelled",
+    "GAMMA_MAX", "MEASURE_BUDGET_S", "MEASURE_PAIRS", "MEASURE_SEGMENT", "ROLLING_WINDOW", "STOP_REASONS", "Baseline", "Cancelled",
     "CompareRow", "IncrementalDecoder", "LiveBuffer", "LiveSnapshot", "RunResult", "RunSettings", "Session",
     "SweepPoint", "SweepResult", "SweepRow", "build_draft", "context_length", "draft_spec", "encode_prompt",
     "parse_list", "split_draft_spec",
 ]
 
-MEASURE_PAIRS = 3  # (speculative, plain) pairs timed after a run for its measured speed-up, medians compared
-MEASURE_BUDGET_S = 10.0  # ... but no new pair starts once measuring has taken this long (one pair at least)
+# A run's measured speed-up (`hfspec.measure`): speculative and plain decoding of MEASURE_SEGMENT-token segments
+# of the run's own text (each starts at the prompt plus the run's first 0, S, 2S, … tokens, cycling), in up to
+# MEASURE_PAIRS alternating pairs within MEASURE_BUDGET_S; outliers re-measured in what is left. Short segments
+# give a 135M target at 128 tokens several pairs (one pair of the whole run took the whole budget); a run of at
+# most 1.5 segments is timed whole. The run itself warmed both models (no warm-up pair is counted or run).
+MEASURE_SEGMENT = 32
+MEASURE_PAIRS = 9
+MEASURE_BUDGET_S = 15.0
 
 Progress = Callable[[str], None]
 StopCheck = Callable[[], bool]
@@ -142,31 +148,44 @@ class Session:
         if settings.measure_baseline and not out.stats.stopped and out.stats.new_tokens:
             if before_measure is not None:
                 before_measure()
-            result.measurement = self._measure(settings, target, draft, ids, out.stats.new_tokens, should_stop,
-                                               progress)
+            result.measurement = self._measure(settings, target, draft, ids, out.sequences, out.stats.new_tokens,
+                                               should_stop, progress)
             result.baseline = Baseline.of(result.measurement)
         return result
 
-    def _measure(self, settings: RunSettings, target, draft, ids, n: int, should_stop,
+    def _measure(self, settings: RunSettings, target, draft, ids, sequences, n: int, should_stop,
                  progress) -> Measurement | None:
-        """Speculative decoding without the live display against plain decoding of the same n tokens
-        (`hfspec.measure.measure_speedup`): up to MEASURE_PAIRS alternating pairs within MEASURE_BUDGET_S."""
+        """Speculative decoding without the live display against plain decoding (`hfspec.measure`): segments of
+        MEASURE_SEGMENT tokens of the run's text, up to MEASURE_PAIRS alternating pairs within MEASURE_BUDGET_S."""
         import hfspec
 
-        fixed = dict(settings.generate_kwargs(), max_new_tokens=n, min_new_tokens=n)
+        whole = n <= MEASURE_SEGMENT * 3 // 2 or ids.shape[0] != 1
+        seg = n if whole else MEASURE_SEGMENT
+        starts = [0] if whole else list(range(0, n - seg + 1, seg))
+        sampling, seed = _sampling(settings)
+        fixed = dict(settings.generate_kwargs(), max_new_tokens=seg, min_new_tokens=seg)
+        fixed.pop("seed", None)
+
+        def context(i: int):
+            k = starts[i % len(starts)]
+            return ids if k == 0 else sequences[:, :ids.shape[1] + k]
 
         def said(i: int) -> None:
             if progress:
-                progress(f"measuring speed-up: pair {i + 1} of up to {MEASURE_PAIRS} "
-                         f"(speculative and plain decoding of {n} tokens, no live display)…")
+                progress(f"measuring speed-up: pair {i + 1} (speculative and plain decoding of {seg} tokens, no live "
+                         f"display; up to {MEASURE_PAIRS} pairs in {MEASURE_BUDGET_S:g} s)…")
+
+        def speculative(i: int):
+            return hfspec.generate(target, context(i), draft=draft, should_stop=should_stop, seed=seed + i,
+                                   **fixed).stats
 
         def plain(i: int):
-            base = self.baseline(settings, n, should_stop)
-            return None if base is None else base.stats
+            return plain_run(target, context(i), seg, sampling, seed + i, should_stop)
 
-        return measure_speedup(lambda i: hfspec.generate(target, ids, draft=draft, should_stop=should_stop,
-                                                         **fixed).stats,
-                               plain, pairs=MEASURE_PAIRS, budget_s=MEASURE_BUDGET_S, on_pair=said)
+        what = (f"whole run of {n} tokens" if whole else
+                f"{seg}-token segments of the run's text (starting at its tokens {', '.join(map(str, starts))})")
+        return measure_speedup(speculative, plain, pairs=MEASURE_PAIRS, budget_s=MEASURE_BUDGET_S, on_pair=said,
+                               segment=what)
 
     def baseline(self, settings: RunSettings, new_tokens: int | None = None, should_stop: StopCheck | None = None,
                  progress: Progress | None = None) -> Baseline | None:

@@ -6,8 +6,10 @@ per target pass) on the same prompt, seed and sampling. Both make exactly `max_n
 suppressed with `min_new_tokens` in both), so every ratio compares equal lengths. The baseline of a pair is
 measured right beside its run (the order alternates between pairs), never cached: machine load drifts.
 
-A row pools its repeats for the draft's statistics (α = Σ accepted / Σ checked, tokens per pass = Σ tokens /
-Σ passes); tokens/s and the measured speed-up are the measurement's medians. `*_sd` is the sample standard
+A row pools its kept pairs for the draft's statistics (α = Σ accepted / Σ checked, tokens per pass = Σ tokens /
+Σ passes); tokens/s are medians and the measured speed-up is the median per-pair ratio with its interval
+(`measured_speedup_low`/`_high`), outliers re-measured, a verdict (`stable`, `verdict`, `warnings`) and flags for
+figures its passes cannot produce (`flags`, `speedup_bound`); a draft's first γ runs one uncounted warm-up pair. `*_sd` is the sample standard
 deviation over repeats (None for one repeat), for error bars. `predicted_speedup` is the cost model
 (`hfspec.costmodel`) fitted to the point's pairs; `paper_speedup` is the paper's formula with the measured c_time
 and `ideal_speedup` with the weight-bound c_bytes (old names: `hfspec.compat`).
@@ -24,7 +26,7 @@ import torch
 import hfspec
 from hfspec.compat import old_names, renamed_keys
 from hfspec.costmodel import predict
-from hfspec.measure import Measurement, measure_speedup
+from hfspec.measure import Measurement, measure_speedup, speedup_bound
 from hfspec.stats import SpecStats
 from hfspec.validate import GAMMA_MAX
 
@@ -33,7 +35,9 @@ FIELDS = [
     "tokens_per_pass", "tokens_per_pass_sd", "expected_tokens_per_pass", "c_bytes", "c_time", "predicted_speedup",
     "predicted_speedup_sd", "ideal_speedup", "tokens_per_second", "baseline_tokens_per_second",
     "baseline_new_tokens", "measured_speedup", "measured_speedup_sd", "greedy_identical", "fidelity", "threads",
-    "load_avg", "paper_speedup", "predicted_tokens_per_second",
+    "load_avg", "paper_speedup", "predicted_tokens_per_second", "measured_speedup_low", "measured_speedup_high",
+    "interval_coverage", "pairs", "outliers", "remeasured", "stable", "verdict", "flags", "warnings", "cores",
+    "speedup_bound", "disagreement",
 ]
 
 Stop = Callable[[], bool] | None
@@ -73,6 +77,31 @@ class SweepRow:
     paper_speedup: float | None = None  # the paper's formula with c_time (no verify width, no overhead)
     predicted_tokens_per_second: float | None = None  # the cost model's speculative tokens/s
     cost_model: dict | None = None    # the fitted `hfspec.costmodel.CostModel`, for curves over γ
+    # the ruler's verdict (`hfspec.measure`): interval of the median per-pair ratio, outliers, stability, flags
+    measured_speedup_low: float | None = None
+    measured_speedup_high: float | None = None
+    interval_coverage: float | None = None
+    pairs: int | None = None          # kept pairs (outliers dropped)
+    outliers: int = 0
+    remeasured: int = 0
+    stable: bool | None = None
+    verdict: str = ""                 # stable | rough | unstable | implausible
+    flags: str = ""                   # "implausible: …" ("; "-joined)
+    warnings: str = ""                # "unstable: … — cause" / "busy machine: …"
+    cores: int | None = None
+    speedup_bound: float | None = None  # the most its passes allow (`hfspec.measure.speedup_bound`)
+    disagreement: str = ""            # why the predicted speed-up lies outside the interval
+
+    @property
+    def rough(self) -> bool:
+        from hfspec.measure import ROUGH_BELOW
+
+        return (self.pairs if self.pairs is not None else self.repeats) < ROUGH_BELOW
+
+    @property
+    def reliable(self) -> bool:
+        """Not rough, not unstable, not flagged (rows written before the ruler: by their pairs only)."""
+        return not self.rough and not self.flags and self.stable is not False
 
     @renamed_keys
     def to_dict(self) -> dict:
@@ -124,9 +153,11 @@ def draft_fidelity(target, draft, input_ids) -> float | None:
 
 
 def measure_point(target, draft, label: str, gamma, input_ids, sampling: dict, seed: int, repeats: int,
-                  greedy_reference: torch.Tensor | None = None, should_stop: Stop = None) -> SweepRow | None:
-    """`repeats` (speculative run, plain run) pairs at one γ (`measure_speedup`); None when stopped. With
-    `greedy_reference` (the target's own greedy output) a temperature-0 run checks token identity."""
+                  greedy_reference: torch.Tensor | None = None, should_stop: Stop = None,
+                  warmup: int = 0) -> SweepRow | None:
+    """`repeats` (speculative run, plain run) pairs at one γ (`measure_speedup`: outliers re-measured, up to
+    `repeats` more pairs), after `warmup` uncounted pairs; None when stopped. With `greedy_reference` (the
+    target's own greedy output) a temperature-0 run checks token identity."""
     n = sampling["max_new_tokens"]
     fixed = dict(sampling, min_new_tokens=n)
 
@@ -135,8 +166,8 @@ def measure_point(target, draft, label: str, gamma, input_ids, sampling: dict, s
                                **fixed).stats
 
     measured = measure_speedup(speculative, lambda r: plain_run(target, input_ids, n, sampling, seed + r, should_stop),
-                               pairs=repeats)
-    if measured is None or measured.pairs < repeats:
+                               pairs=repeats, warmup=warmup)
+    if measured is None or (should_stop is not None and should_stop()):
         return None
     identical = None
     if greedy_reference is not None:
@@ -149,7 +180,8 @@ def measure_point(target, draft, label: str, gamma, input_ids, sampling: dict, s
 def _row(label: str, gamma, measured: Measurement, identical) -> SweepRow:
     runs = measured.speculative_runs
     pooled, base = _pool(runs), _pool(measured.plain_runs)
-    prediction = predict(pooled, base)
+    per_run = measured.tokens_per_row
+    prediction = predict(pooled, base, new_tokens=per_run)
     per_pair = [predict(s, p).speedup for s, p in zip(runs, measured.plain_runs, strict=True)]
     return SweepRow(
         draft=label, gamma=gamma, repeats=len(runs), alpha=pooled.alpha, alpha_sd=_sd([s.alpha for s in runs]),
@@ -164,7 +196,11 @@ def _row(label: str, gamma, measured: Measurement, identical) -> SweepRow:
         measured_speedup=measured.measured_speedup, measured_speedup_sd=measured.speedup_sd,
         greedy_identical=identical, threads=measured.threads, load_avg=measured.load_avg,
         paper_speedup=pooled.paper_speedup, predicted_tokens_per_second=prediction.speculative_tokens_per_second,
-        cost_model=asdict(prediction.model),
+        cost_model=asdict(prediction.model), measured_speedup_low=measured.low,
+        measured_speedup_high=measured.high, interval_coverage=measured.coverage, pairs=measured.pairs,
+        outliers=measured.outliers, remeasured=measured.remeasured, stable=measured.stable,
+        verdict=measured.verdict, flags="; ".join(measured.flags), warnings="; ".join(measured.warnings),
+        cores=measured.cores, speedup_bound=speedup_bound(pooled, base), disagreement=measured.disagreement,
     )
 
 
@@ -198,14 +234,14 @@ def sweep(target, drafts: dict, gammas: list, input_ids, sampling: dict, seed: i
     rows, total, index = [], len(drafts) * len(gammas), 0
     for label, draft in drafts.items():
         fidelity = draft_fidelity(target, draft, input_ids)
-        for gamma in gammas:
+        for k, gamma in enumerate(gammas):
             index += 1
             if should_stop is not None and should_stop():
                 return rows
             if on_start is not None:
                 on_start(index, total, label, gamma)
             row = measure_point(target, draft, label, gamma, input_ids, sampling, seed, repeats, reference,
-                                should_stop)
+                                should_stop, warmup=1 if k == 0 else 0)  # a draft's first pair warms it up
             if row is None:
                 return rows
             row.fidelity = fidelity

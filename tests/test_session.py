@@ -3,6 +3,7 @@ equal-length baselines measured beside them, stop reasons, and sweep / compare t
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 from dataclasses import replace
@@ -12,6 +13,7 @@ import pytest
 
 import hfspec
 import hfspec.session as session_module
+from hfspec import measure
 from hfspec.drafts import registry
 from hfspec.errors import HfspecError
 from hfspec.session import (
@@ -162,6 +164,7 @@ def test_run_matches_the_library_and_reports_live(session, micro):
 
 
 def test_baseline_has_the_runs_length_and_is_measured_for_every_run(session, micro, monkeypatch):
+    monkeypatch.setattr(measure, "outliers", lambda values, z=0: [False] * len(values))  # counted exactly
     lengths = []
     real = session_module.plain_run
     monkeypatch.setattr(session_module, "plain_run", lambda *a, **k: lengths.append(a[2]) or real(*a, **k))
@@ -184,11 +187,31 @@ def test_baseline_has_the_runs_length_and_is_measured_for_every_run(session, mic
 
 
 def test_measuring_stops_adding_pairs_at_its_time_budget(session, micro, monkeypatch):
+    monkeypatch.setattr(measure, "outliers", lambda values, z=0: [False] * len(values))
     monkeypatch.setattr(session_module, "MEASURE_BUDGET_S", 0.0)
     result = session.run(replace(micro, max_new_tokens=8, measure_baseline=True))
     assert result.baseline is not None and result.baseline.pairs == 1  # one pair at least, then the budget
     monkeypatch.setattr(session_module, "MEASURE_BUDGET_S", 60.0)
-    assert session.run(replace(micro, max_new_tokens=8, measure_baseline=True)).baseline.pairs == 3
+    assert session.run(replace(micro, max_new_tokens=8, measure_baseline=True)).baseline.pairs == \
+        session_module.MEASURE_PAIRS
+
+
+def test_a_long_run_is_timed_in_segments_of_its_own_text(session, micro, monkeypatch):
+    """A run longer than 1.5 segments is timed in MEASURE_SEGMENT-token segments starting along its own text,
+    so a slow target still gets several pairs within the budget (one pair of the whole run took all of it)."""
+    monkeypatch.setattr(measure, "outliers", lambda values, z=0: [False] * len(values))
+    seen = []
+    real = session_module.plain_run
+    monkeypatch.setattr(session_module, "plain_run",
+                        lambda *a, **k: seen.append((a[1].shape[1], a[2])) or real(*a, **k))
+    seg = session_module.MEASURE_SEGMENT
+    result = session.run(replace(micro, max_new_tokens=3 * seg, ignore_eos=True, measure_baseline=True))
+    m = result.measurement
+    prompt = len(seen) and seen[0][0]
+    assert m.new_tokens == seg and m.pairs == session_module.MEASURE_PAIRS and "segments" in m.segment
+    assert {n for _, n in seen} == {seg}
+    assert [c - prompt for c, _ in seen[:3]] == [0, seg, 2 * seg]  # contexts: the prompt plus the run's text
+    assert m.low <= m.measured_speedup <= m.high and m.verdict in ("stable", "unstable", "implausible")
 
 
 def test_stop_ends_the_run_within_a_round(session, micro):
@@ -253,5 +276,9 @@ def test_measured_speedup_times_both_runs_without_the_live_display(session, micr
     b = result.baseline
     assert slow and b is not None and b.speculative_time is not None
     assert b.speculative_time < result.stats.time_total - 0.015 * len(slow)  # the sleeps are not in it
-    assert result.measured_speedup == pytest.approx((b.new_tokens / b.speculative_time) / b.tokens_per_second)
+    # the median of the per-pair ratios, inside its interval (the ratio of the median rates is close to it)
+    m = result.measurement
+    ratios = [p.time_total / s.time_total for s, p in zip(m.speculative_runs, m.plain_runs, strict=True)]
+    assert result.measured_speedup == pytest.approx(statistics.median(ratios))
+    assert m.low <= result.measured_speedup <= m.high
     assert result.summary()["speculative_tokens_per_second_measured"] == pytest.approx(b.new_tokens / b.speculative_time)
