@@ -1,6 +1,7 @@
 """hfspec: exact speculative decoding for Hugging Face causal LMs."""
 
 from hfspec.compat import estimated_speedup  # deprecated: paper_speedup (hfspec.compat)
+from hfspec.dyntree import TreeShape
 from hfspec.errors import HfspecError
 from hfspec.hf import SpeculativeOutput, generate, plain_generate, speculative_generate
 from hfspec.stats import SpecStats, expected_tokens_per_pass, optimal_gamma, paper_speedup
@@ -9,6 +10,7 @@ __all__ = [
     "HfspecError",
     "SpecStats",
     "SpeculativeOutput",
+    "TreeShape",
     "estimated_speedup",  # deprecated
     "expected_tokens_per_pass",
     "generate",

@@ -17,13 +17,14 @@ import torch
 
 from hfspec.costmodel import RoundMeter, time_one_token_steps
 from hfspec.drafts.base import Draft, NoDraft, attach_draft
+from hfspec.dyntree import DynamicTree, check_dynamic_tree, dynamic_round
 from hfspec.kv_model import CachedModel
 from hfspec.sampling import sample, verify, verify_greedy
 from hfspec.scoring import Scorer
 from hfspec.slots import Slots
 from hfspec.stats import RoundEvent, SpecStats
 from hfspec.stopping import Stopper
-from hfspec.tree import check_tree_target, tree_round
+from hfspec.tree import Tree, check_tree_target, tree_round
 
 
 @dataclass
@@ -49,7 +50,7 @@ class DecodeJob:
     should_stop: Callable[[], bool] | None = None
     stats: SpecStats | None = None
     target_runner: object = None
-    tree: object = None  # a `hfspec.tree.Tree`: sibling leaves scored beside the chain (batch size 1)
+    tree: object = None  # `hfspec.tree.Tree` (sibling leaves) or `hfspec.dyntree.DynamicTree` (batch size 1)
 
 
 @dataclass
@@ -77,6 +78,7 @@ class Verdict:
     token: torch.Tensor
     target_seconds: float
     from_leaf: bool = False  # tree speculation: the token follows an accepted sibling (a bonus, not a replacement)
+    last_kind: str | None = None  # a token tree: "bonus" (after a node without children) or "resampled"
 
 
 @dataclass
@@ -98,8 +100,11 @@ def decode(target: torch.nn.Module, draft: Draft | None, input_ids: torch.Tensor
         if run.user_stopped():
             break
         run.meter.begin(len(run.active))
-        proposal = propose(run)
-        verdict = verify_proposal(run, proposal)
+        if isinstance(job.tree, DynamicTree):  # a token tree: grown, scored and walked in one step
+            proposal, verdict = dynamic_round(run, job.tree)
+        else:
+            proposal = propose(run)
+            verdict = verify_proposal(run, proposal)
         done = commit(run, proposal, verdict)
         settle(run, proposal, verdict, done)
         run.meter.end(proposal.gamma, sum(done.accepted))  # the round's costs, for `hfspec.costmodel`
@@ -123,7 +128,9 @@ class _Run:
         self.target = job.target_runner or CachedModel(target)
         attach_draft(self.draft, self.target)
         self.meter = RoundMeter(self.stats.costs, self.target, self.draft)
-        if job.tree is not None:
+        if isinstance(job.tree, DynamicTree):
+            check_dynamic_tree(target, self.target, self.draft)
+        elif job.tree is not None:
             check_tree_target(target, self.target)
         self.out: list[list[int]] = [[] for _ in range(batch)]
         self.kinds: list[list[str]] = [[] for _ in range(batch)]
@@ -183,13 +190,13 @@ def _picker(job: DecodeJob, groups, device):
         q_j = scorer.probs(ctx, x_so_far, logits)[:, 0]
         return sample(q_j, generator), q_j
 
-    return pick if job.tree is None else job.tree.wrap_pick(pick, scorer, groups)
+    return pick if not isinstance(job.tree, Tree) else job.tree.wrap_pick(pick, scorer, groups)
 
 
 def verify_proposal(run: _Run, proposal: Proposal) -> Verdict:
     """One target forward over everything it has not seen, distributions at γ + 1 positions; keep a prefix of x
     and draw one more token (the rule of `hfspec.sampling.verify`). With a tree, `hfspec.tree.tree_round`."""
-    if run.job.tree is not None and (verdict := tree_round(run, proposal, run.job.tree)) is not None:
+    if isinstance(run.job.tree, Tree) and (verdict := tree_round(run, proposal, run.job.tree)) is not None:
         return verdict
     scorer, slots, gamma = run.job.scorer, run.slots, proposal.gamma
     before = run.target.seconds
@@ -214,7 +221,7 @@ def commit(run: _Run, proposal: Proposal, verdict: Verdict) -> Committed:
     last = "target" if gamma == 0 else None
     for row, n_i, token, x_row in zip(run.active, verdict.n.tolist(), verdict.token.tolist(), proposal.x.tolist(),
                                       strict=True):
-        kind = last or ("bonus" if n_i == gamma or verdict.from_leaf else "resampled")
+        kind = last or verdict.last_kind or ("bonus" if n_i == gamma or verdict.from_leaf else "resampled")
         tokens = x_row[:n_i] + [token]
         keep, finished, reason = run.job.stopper.commit(run.prompt_len + len(run.out[row]), tokens,
                                                         lambda row=row: run.history(row))

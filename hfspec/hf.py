@@ -14,6 +14,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from hfspec import validate
 from hfspec.decoding import DecodeJob, decode
 from hfspec.drafts.base import NoDraft, as_draft
+from hfspec.dyntree import make_tree
 from hfspec.early_exit import check_early_exit, with_early_exit
 from hfspec.gamma import AdaptiveGamma, FixedGamma
 from hfspec.options import check_speculative_options, given_to_generate
@@ -49,12 +50,13 @@ def speculative_generate(
     stop_strings: str | list[str] | None = None,
     hfspec_request: Request | None = None,
     early_exit: bool = False,
-    tree: int = 0,
+    tree: int | str = 0,
     **model_kwargs,
 ):
     """The decoding loop transformers calls after its input preparation (pass as `custom_generate=`).
     `hfspec_request`: the request `hfspec.generate` already checked (the other hfspec arguments are then unused).
-    `tree`: candidates per unsure draft position (see `hfspec.tree`); 0 or 1 proposes the plain chain."""
+    `tree`: 2..8 candidates per unsure draft position (`hfspec.tree`), "auto" or a `TreeShape` for a token tree
+    (`hfspec.dyntree`); 0 or 1 proposes the plain chain."""
     request = hfspec_request or Request.for_loop(model, input_ids, draft_model, gamma, plain=plain, seed=seed,
                                                  on_round=on_round, should_stop=should_stop, early_exit=early_exit,
                                                  tree=tree)
@@ -78,7 +80,7 @@ def speculative_generate(
         on_round=request.on_round,
         should_stop=request.should_stop,
         stats=stats,
-        tree=Tree(request.tree) if request.tree > 1 else None,
+        tree=_tree(request, stats, input_ids.device),
     )
     draft = NoDraft() if request.plain else as_draft(request.draft, vocab=request.draft_vocab)
     if request.early_exit:
@@ -106,7 +108,7 @@ def generate(
     on_round=None,
     should_stop=None,
     early_exit: bool = False,
-    tree: int = 0,
+    tree: int | str = 0,
     **generation_kwargs,
 ) -> SpeculativeOutput:
     """Speculative decoding of `target` with `draft`; returns `.sequences`, `.stats` and `.token_kinds`.
@@ -122,7 +124,8 @@ def generate(
     temperature 0 means greedy (the target's greedy text, token for token); > 0 samples exactly from the
     target's distribution. Other keyword arguments go to `target.generate` (e.g. `eos_token_id`, `min_p`,
     `repetition_penalty`, `stopping_criteria`, `streamer`, `logits_processor`). `tree` ≥ 2: sibling candidates
-    where the draft is unsure, scored in the same target pass (batch size 1; see `hfspec.tree`).
+    where the draft is unsure, scored in the same target pass (batch size 1; see `hfspec.tree`); `tree="auto"`: a
+    token tree whose branches continue, sized by the cost model (`hfspec.dyntree`; a `TreeShape` fixes its size).
     """
     return _run(Request.for_generate(
         target, input_ids, draft, gamma, plain=False, temperature=temperature, top_k=top_k, top_p=top_p,
@@ -189,6 +192,15 @@ def _seeded_policy(gamma, stats: SpecStats):
     if gamma == "auto":
         return AdaptiveGamma(c_prior=stats.c_bytes, timed=False)
     return FixedGamma(int(gamma))
+
+
+def _tree(request: Request, stats: SpecStats, device):
+    """The run's tree: sibling leaves (`tree` 2..8), a token tree ("auto" or a `TreeShape`), or None. With a seed,
+    "auto" sizes the tree from priors fixed before decoding, never from this run's timings (like γ "auto")."""
+    dynamic = make_tree(request.tree, request.seed is not None, stats.c_bytes, torch.device(device).type)
+    if dynamic is not None:
+        return dynamic
+    return Tree(request.tree) if isinstance(request.tree, int) and request.tree > 1 else None
 
 
 def weight_bytes(model) -> int:

@@ -31,7 +31,7 @@ class Request:
     on_round: Callable | None = None
     should_stop: Callable[[], bool] | None = None
     draft_vocab: int | None = None
-    tree: int = 0  # candidates per unsure position (chain token + siblings); 0 or 1: the plain chain
+    tree: object = 0  # 0 or 1: the chain; 2..8: sibling leaves (hfspec.tree); "auto" or a TreeShape: a token tree
     # From hfspec.generate / plain_generate only:
     input_ids: torch.Tensor | None = None
     attention_mask: torch.Tensor | None = None
@@ -58,7 +58,7 @@ class Request:
             draft = None
         if input_ids.shape[0] > 1 and not validate.accepts_positions(target, draft):
             raise validate.bad_value("input_ids", tuple(input_ids.shape), "batch size 1 for models without position_ids")
-        check_tree(tree, plain, input_ids)
+        check_tree(tree, plain, input_ids, target)
         return cls(target, draft, gamma, plain, seed, on_round, should_stop, vocab, early_exit=early_exit and not plain,
                    tree=tree)
 
@@ -90,14 +90,29 @@ class Request:
 TREE_MAX = 8
 
 
-def check_tree(tree, plain: bool, input_ids: torch.Tensor) -> None:
-    """`tree`: 0 or 1 (the plain chain), or 2..TREE_MAX candidates per unsure position, batch size 1."""
-    if isinstance(tree, bool) or not isinstance(tree, int) or not 0 <= tree <= TREE_MAX:
-        raise validate.bad_value("tree", tree, f"an integer from 0 to {TREE_MAX} (0 or 1: no tree)")
-    if tree > 1 and plain:
+TREE_ALLOWED = f"an integer from 0 to {TREE_MAX} (0 or 1: no tree), \"auto\" or an hfspec.TreeShape"
+
+
+def check_tree(tree, plain: bool, input_ids: torch.Tensor, target=None) -> None:
+    """`tree`: 0 or 1 (the plain chain), 2..TREE_MAX candidates per unsure position, "auto" or a
+    `hfspec.dyntree.TreeShape` (a token tree); any tree runs batch size 1 on a full-attention target."""
+    from hfspec.dyntree import TreeShape
+
+    dynamic = tree == "auto" if isinstance(tree, str) else isinstance(tree, TreeShape)
+    if not dynamic and (isinstance(tree, bool) or not isinstance(tree, int) or not 0 <= tree <= TREE_MAX):
+        raise validate.bad_value("tree", tree, TREE_ALLOWED)
+    if not dynamic and tree <= 1:
+        return
+    if plain:
         raise validate.bad_value("tree", tree, "0 or 1 for plain decoding (a tree needs a draft)")
-    if tree > 1 and input_ids.shape[0] > 1:
+    if input_ids.shape[0] > 1:
         raise validate.bad_value("tree", tree, "0 or 1 for batches (tree speculation runs batch size 1)")
+    if target is not None:
+        from hfspec.cache import has_sliding_layers
+
+        if has_sliding_layers(target):
+            raise validate.bad_value("tree", tree, "0 or 1 for targets with sliding-window attention layers "
+                                     "(a tree needs full attention in every layer)")
 
 
 def _sampling_kwargs(kwargs: dict, temperature, top_k, top_p, max_new_tokens) -> dict:

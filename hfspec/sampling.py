@@ -289,3 +289,47 @@ def verify_tree_greedy(target_tokens: torch.Tensor, x: torch.Tensor, siblings: l
         if hits.numel():
             return n, int(hits[0, 0]), None
     return n, -1, best
+
+
+# Token trees (`hfspec.dyntree`): every node's children are drawn from the draft's q at that node without
+# replacement (in draw order) and tried in that order by the same recursive rule as the siblings above (SpecInfer,
+# Miao et al., ASPLOS 2024, with the without-replacement residual update of Jeon et al. 2024 / "multi-draft"
+# speculative sampling): accept child c with probability min(1, p(c) / q(c)); on rejection p ← norm(max(0, p − q))
+# and q ← q without c, renormalised; when every child is rejected the token is drawn from the last residual.
+# The law of the token is p whatever the number of children, provided that number is not chosen by looking at the
+# children themselves (it may depend on q, on the node's ancestors and on other nodes).
+
+
+def draw_without_replacement(q: torch.Tensor, k: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Up to k tokens [k'] drawn from q [V] without replacement, in draw order (Gumbel-top-k, Kool et al. 2019);
+    fewer when q has fewer tokens with mass."""
+    u = torch.rand(q.shape, generator=generator, device=q.device, dtype=torch.float64)
+    u = u.clamp_min(torch.finfo(torch.float64).tiny)
+    keys = q.double().log() - (-u.log()).log()  # log q + Gumbel(0, 1); −inf where q is 0
+    values, order = torch.topk(keys, min(k, keys.shape[0]))
+    return order[values > -float("inf")]
+
+
+def children_chances(p: torch.Tensor, q: torch.Tensor, children: torch.Tensor) -> tuple[list[float], torch.Tensor]:
+    """Recursive rejection over a node's children (drawn from q without replacement, in that order): per child,
+    the probability it is accepted given every child before it was rejected, and the distribution the token is
+    drawn from when all are rejected. p, q: [V]. Deterministic: the random draws are the caller's."""
+    chances = []
+    for c in children.tolist():
+        q_c = float(q[c])
+        chances.append(min(1.0, float(p[c]) / q_c) if q_c > 0 else 0.0)
+        p, q = residual(p, q), without(q, c)
+    return chances, p
+
+
+def verify_children(p: torch.Tensor, q: torch.Tensor, children: torch.Tensor,
+                    generator: torch.Generator | None = None) -> tuple[int, int | None]:
+    """One node of a token tree: (i, None) when child i is accepted, (−1, token) when every child is rejected and
+    `token` is drawn from the residual. Exactly p's law (`children_chances`)."""
+    for i, c in enumerate(children.tolist()):
+        q_c = float(q[c])
+        r = float(torch.rand((), generator=generator, device=p.device))
+        if q_c > 0 and r * q_c < float(p[c]):
+            return i, None
+        p, q = residual(p, q), without(q, c)
+    return -1, int(sample(p[None], generator)[0])

@@ -37,7 +37,8 @@ class RunSettings:
     device: str = ""  # "" : the session's default; cpu | cuda | cuda:N | mps | auto
     dtype: str = ""   # "" : the session's default; float32 | bfloat16 | float16 | auto
     early_exit: bool = False  # the draft may end a round early when another token does not pay (hfspec.early_exit)
-    tree: int = 0  # candidates per unsure draft position (hfspec.tree); 0 or 1: the plain chain
+    tree: int | str = 0  # 2..8: candidates per unsure draft position (hfspec.tree); "auto": a token tree
+    # (hfspec.dyntree); 0 or 1: the plain chain
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> RunSettings:
@@ -64,8 +65,9 @@ class RunSettings:
                 check_name_lengths(value.strip(), name)
         check_gamma(self.gamma)
         from hfspec.request import TREE_MAX
-        if isinstance(self.tree, bool) or not isinstance(self.tree, int) or not 0 <= self.tree <= TREE_MAX:
-            raise bad_value("tree", self.tree, f"an integer from 0 to {TREE_MAX} (0 or 1: no tree)")
+        if self.tree != "auto" and (isinstance(self.tree, bool) or not isinstance(self.tree, int)
+                                    or not 0 <= self.tree <= TREE_MAX):
+            raise bad_value("tree", self.tree, f"an integer from 0 to {TREE_MAX} (0 or 1: no tree) or \"auto\"")
         for name in ("temperature", "top_k", "top_p"):  # None is "off" for the API, not a settings value
             if getattr(self, name) is None:
                 raise bad_value(name, None, {"temperature": "a number >= 0", "top_k": "an integer >= 0 (0 is off)",
@@ -98,7 +100,7 @@ class RunSettings:
 
     def generate_kwargs(self) -> dict:
         return ({"gamma": self.gamma, **self.sampling_kwargs()} | ({"early_exit": True} if self.early_exit else {})
-                | ({"tree": self.tree} if self.tree > 1 else {}))
+                | ({"tree": self.tree} if self.tree == "auto" or self.tree > 1 else {}))
 
     def to_dict(self) -> dict:
         return asdict(self)
