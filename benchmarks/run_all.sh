@@ -1,28 +1,66 @@
 #!/usr/bin/env bash
-# Run every benchmark one after another (never in parallel: they time each other) and keep the tables.
-# Needs ../shared/models (stories260K) and SmolLM2-135M made by ../shared/models/get-smollm2.sh into $SMOLLM2.
-set -euo pipefail
+# Run every benchmark script one after another (never in parallel: they time each other) and write ONE dated
+# results file per machine: results/<machine>-<YYYY-MM-DD>.md (machine = a short CPU model string + cores, from
+# common.machine_name), each script's output under its own heading with the command that made it. Scripts that
+# time plain against speculative decoding do it through the one ruler (hfspec.measure, via common.timed_rounds /
+# against_plain / hfspec.benchmark.compare_methods): interleaved rounds, a warm-up round not counted, medians with
+# intervals, outliers re-measured, a stability verdict and "implausible" flags in their rows.
+# Needs ../shared/models (stories260K) and SmolLM2-135M made by ../shared/models/get-smollm2.sh into $SMOLLM2;
+# a script whose models are missing skips them and says so. A failing script is recorded and the rest still run.
+set -uo pipefail
 cd "$(dirname "$0")"
 OUT="${OUT:-results}"
 SMOLLM2="${SMOLLM2:-$HOME/.cache/hfspec-models/smollm2-135m-instruct}"
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1
-python bench_steps.py --models micro,stories260K,smollm2 --smollm2 "$SMOLLM2" --draft rtn4 --gamma 4 \
-    | tee "$OUT/steps.md"
-python bench_engine.py --models micro,stories260K,smollm2 --smollm2 "$SMOLLM2" --draft rtn4,rtn4-compiled --gamma 4 \
-    --max-new-tokens 128 --repeats 3 | tee "$OUT/engine.md"
-(cd .. && for i in 1 2 3; do hfspec run --preset micro-rtn4 | grep -E "acceptance|c \(time|measured sp"; done) \
-    | tee "$OUT/preset_runs.txt"
-python bench_lookup.py --models micro --repeats 5 --max-new-tokens 128 --json "$OUT/lookup_micro.json" \
-    | tee "$OUT/lookup_micro.md"
-python bench_vocab_overhead.py | tee "$OUT/vocab_overhead.md"
-(cd .. && hfspec sweep --preset micro-rtn4 --drafts rtn4-compiled,rtn4,rtn3-compiled,presets/models/nano --gammas 1-8 --temperature 1 \
-    --prompt "The attention" --max-new-tokens 200 --seed 1 --repeats 3 --json --csv "benchmarks/$OUT/sweep_micro.csv" \
-    --plot "benchmarks/$OUT/sweep_micro.png") > "$OUT/sweep_micro.json"
-python bench_batch.py --models micro,smollm2 --smollm2 "$SMOLLM2" --batches 1,4,16 --draft rtn4 --gamma 4 \
-    --max-new-tokens 64 --repeats 2 | tee "$OUT/batch.md"
-python bench_adaptive.py --models micro --drafts rtn4,rtn3,../presets/models/nano --gammas 1-8 \
-    --max-new-tokens 128 --repeats 3 | tee "$OUT/adaptive_micro.md"
-python bench_adaptive.py --models smollm2 --smollm2 "$SMOLLM2" --drafts rtn4 --gammas 1-6 \
-    --max-new-tokens 96 --repeats 2 | tee "$OUT/adaptive_smollm2.md"
-python bench_memory.py | tee "$OUT/memory.md"
+MACHINE="$(python -c 'import common; print(common.machine_name())')"
+FILE="$OUT/$MACHINE-$(date +%F).md"
+TMP="$(mktemp -d)"
+{
+  echo "# Benchmarks on $MACHINE, $(date +%F)"
+  echo
+  echo "CPU: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ //') · $(nproc) cores ·" \
+       "load at start $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null) · hfspec $(git -C .. rev-parse --short HEAD)"
+} > "$FILE"
+
+run() {  # run <title> <command...>: its output (stdout and stderr) into the file under a heading
+  local title="$1"; shift
+  echo "== $title" >&2
+  {
+    echo; echo "## $title"; echo; echo '```'; echo "\$ $*"
+    ( "$@" ) 2>&1 | tee /dev/stderr | grep -v '\r'
+    echo "(exit $?, load after $(cut -d' ' -f1 /proc/loadavg 2>/dev/null))"; echo '```'
+  } >> "$FILE"
+}
+
+run steps python bench_steps.py --models micro,stories260K,smollm2 --smollm2 "$SMOLLM2" --draft rtn4 --gamma 4
+run engine python bench_engine.py --models micro,stories260K,smollm2 --smollm2 "$SMOLLM2" \
+    --draft rtn4,rtn4-compiled --gamma 4 --max-new-tokens 128 --repeats 5
+run "hfspec run --preset micro-rtn4 (3 runs)" bash -c 'cd .. && for i in 1 2 3; do hfspec run --preset micro-rtn4 \
+    | grep -E "acceptance|c \(time|speed-up|^  "; done'
+run lookup python bench_lookup.py --models micro --repeats 5 --max-new-tokens 128
+run vocab_overhead python bench_vocab_overhead.py
+run "sweep micro" bash -c "cd .. && hfspec sweep --preset micro-rtn4 --drafts rtn4-compiled,rtn4,rtn3-compiled,presets/models/nano \
+    --gammas 1-8 --temperature 1 --prompt 'The attention' --max-new-tokens 200 --seed 1 --repeats 5 \
+    --csv '$TMP/sweep_micro.csv' --plot 'benchmarks/$OUT/$MACHINE-$(date +%F)-sweep.png' && cat '$TMP/sweep_micro.csv'"
+run batch python bench_batch.py --models micro,smollm2 --smollm2 "$SMOLLM2" --batches 1,4,16 --draft rtn4 --gamma 4 \
+    --max-new-tokens 64 --repeats 3
+run "adaptive micro" python bench_adaptive.py --models micro --drafts rtn4,rtn3,../presets/models/nano --gammas 1-8 \
+    --max-new-tokens 128 --repeats 3
+run "adaptive smollm2" python bench_adaptive.py --models smollm2 --smollm2 "$SMOLLM2" --drafts rtn4 --gammas 1-6 \
+    --max-new-tokens 96 --repeats 3
+run memory python bench_memory.py
+run head python bench_head.py --models micro,smollm2 --smollm2 "$SMOLLM2" --repeats 3 --max-new-tokens 128
+run wrapper env HFSPEC_COMPILE_DIR="$TMP/compile" python bench_wrapper.py --models micro,smollm2 --smollm2 "$SMOLLM2" --repeats 3
+run tokens python bench_tokens.py
+run sibling python bench_sibling.py --pairs micro-nano,smollm2-360m/135m --repeats 5
+run scale python bench_scale.py --shapes smollm2-135m --dtypes bf16 --quick
+run tree python bench_tree.py --models micro,smollm2 --smollm2 "$SMOLLM2" --dtypes float32,bfloat16 --trees 2,3 \
+    --max-new-tokens 64 --repeats 3
+run export python bench_export.py
+run hub python bench_hub.py --models smollm2
+run drafts python bench_drafts.py
+run fp32_linear python bench_fp32_linear.py
+[ -f bench_calibrated.py ] && run calibrated python bench_calibrated.py
+rm -rf "$TMP"
+echo "wrote $FILE" >&2

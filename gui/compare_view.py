@@ -23,7 +23,7 @@ from PySide6.QtWidgets import (
 )
 
 from gui import theme
-from gui.figures import ROUGH_BELOW_PAIRS, Conditions, number, row_conditions, row_is_rough
+from gui.figures import ROUGH_BELOW_PAIRS, Conditions, number, row_conditions, row_problem
 from gui.plots import (
     PALETTE,
     clear_plot,
@@ -166,8 +166,8 @@ class CompareView(QWidget):
             return with_.text() if with_ else "—"
         if key in ("c_time", "predicted_speedup") and not number(getattr(row, key)):
             return "—"  # none exists (e.g. prompt lookup times no draft forward): not 0
-        if key == "measured_speedup" and row_is_rough(row):
-            return fmt_sd(row.measured_speedup, row.measured_speedup_sd, 2, "×") + " rough"
+        if key == "measured_speedup" and row_problem(row):
+            return fmt_sd(row.measured_speedup, row.measured_speedup_sd, 2, "×") + " " + row_problem(row)
         if key in SD:
             return fmt_sd(getattr(row, key), getattr(row, SD[key]), 2 if "speedup" in key else 3,
                           "×" if "speedup" in key else "")
@@ -207,10 +207,12 @@ class CompareView(QWidget):
             if self.rows:
                 item.setXRange(-0.6, len(self.rows) - 0.4, padding=0)
         self._ticks()
-        rough = sum(row_is_rough(r) for r in self.rows)
-        self.note.setText(f"<span style='color:{theme.current().rough}'>Rough: {rough} row(s) measured from fewer "
-                          f"than {ROUGH_BELOW_PAIRS} timed runs; raise repeats for figures to rely on.</span>"
-                          if rough else "")
+        problems = [row_problem(r) for r in self.rows]
+        counts = {w: problems.count(w) for w in ("rough", "unstable", "implausible") if problems.count(w)}
+        listed = "; ".join(f"{n} row(s) {w}" for w, n in counts.items())
+        self.note.setText(f"<span style='color:{theme.current().rough}'>Not to rely on: {listed} (rough: fewer "
+                          f"than {ROUGH_BELOW_PAIRS} timed pairs; unstable: the pairs disagreed; implausible: "
+                          "above what its passes allow).</span>" if counts else "")
 
     def _ticks(self) -> None:
         """Draft names under the bars, shortened to the plot's width (again whenever it changes)."""

@@ -10,9 +10,10 @@ import os
 from dataclasses import dataclass, fields
 
 from hfspec.compat import new_keys
+from hfspec.measure import ROUGH_BELOW, has_prediction, machine_state
 from hfspec.stats import SpecStats
 
-ROUGH_BELOW_PAIRS = 3  # a measured speed-up from fewer timed (speculative, plain) pairs is flagged as rough
+ROUGH_BELOW_PAIRS = ROUGH_BELOW  # the ruler's (hfspec.measure): no rule of the dashboard's own
 
 
 @dataclass
@@ -26,7 +27,7 @@ class Conditions:
     def now(cls) -> Conditions:
         import torch
 
-        return cls(torch.get_num_threads(), _load_avg())
+        return cls(torch.get_num_threads(), machine_state().load_avg)
 
     def text(self) -> str:
         threads = "? threads" if self.threads is None else f"{self.threads} thread{'s' if self.threads != 1 else ''}"
@@ -48,11 +49,26 @@ class Measured:
     conditions: Conditions | None = None
     stats: SpecStats | None = None
     predicted: float | None = None  # the measurement's own prediction (the cost model fitted to its timed pairs)
+    low: float | None = None        # the ruler's interval of the median per-pair ratio
+    high: float | None = None
+    verdict: str = ""               # stable | rough | unstable | implausible ("" in files written before it)
+    why: str = ""                   # its warnings and flags, one line
+    disagreement: str = ""          # why the predicted speed-up lies outside the interval
 
     @property
     def predicted_speedup(self) -> float | None:
-        """The predicted speed-up of the timed runs: the measurement's own, else its statistics'."""
+        """The predicted speed-up of the timed runs: the measurement's own, else its statistics'; None for a
+        draft without forwards (prompt lookup: no step costs to price)."""
+        if self.stats is not None and not has_prediction(self.stats):
+            return None
         return self.predicted if self.predicted is not None else predicted_of(self.stats)
+
+    @property
+    def unreliable(self) -> str:
+        """Why the measured figure is not to be relied on ("" when it is): the ruler's verdict."""
+        if self.verdict in ("unstable", "implausible"):
+            return self.verdict
+        return "rough" if self.rough else ""
 
     @property
     def c_time(self) -> float | None:
@@ -80,6 +96,9 @@ def measured_of(result, fallback: Conditions | None = None) -> Measured | None:
         conditions=conditions,
         stats=_first(m, "stats", "speculative_stats") or pooled(getattr(m, "speculative_runs", None)),
         predicted=number(getattr(m, "predicted_speedup", None)),
+        low=number(getattr(m, "low", None)), high=number(getattr(m, "high", None)),
+        verdict=getattr(m, "verdict", "") or "", why=getattr(m, "why", "") or "",
+        disagreement=getattr(m, "disagreement", "") or "",
     )
 
 
@@ -101,7 +120,17 @@ def row_pairs(row) -> int | None:
     return pairs if pairs is not None else getattr(row, "repeats", None)
 
 
+def row_problem(row) -> str:
+    """"rough", "unstable", "implausible" or "" for a sweep / compare row: the CLI's rule (hfspec.report)."""
+    from hfspec.report import row_problem as problem
+
+    return problem(dict(vars(row)) if not isinstance(row, dict) else row)
+
+
 def row_is_rough(row) -> bool:
+    """A sweep / compare row not to rely on: rough, unstable or implausible (the ruler's verdict)."""
+    if getattr(row, "flags", "") or getattr(row, "stable", None) is False:
+        return True
     rough = getattr(row, "rough", None)
     if rough is not None:
         return bool(rough)
@@ -192,13 +221,6 @@ def _first(obj, *names):
     return None
 
 
-def _load_avg() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except (OSError, AttributeError):  # not on every platform
-        return None
-
-
 def measured_to_dict(m: Measured | None) -> dict | None:
     if m is None:
         return None
@@ -206,7 +228,9 @@ def measured_to_dict(m: Measured | None) -> dict | None:
     return {"measured_speedup": m.speedup, "speculative_tokens_per_second": m.speculative_tps,
             "plain_tokens_per_second": m.plain_tps, "plain_new_tokens": m.plain_tokens, "pairs": m.pairs,
             "rough": m.rough, "threads": c.threads, "load_avg": c.load_avg,
-            "predicted_speedup": m.predicted_speedup, "stats": m.stats.to_dict() if m.stats is not None else None}
+            "predicted_speedup": m.predicted_speedup, "stats": m.stats.to_dict() if m.stats is not None else None,
+            "measured_speedup_low": m.low, "measured_speedup_high": m.high, "verdict": m.verdict, "why": m.why,
+            "disagreement": m.disagreement}
 
 
 def measured_from_dict(d: dict | None) -> Measured | None:
@@ -218,7 +242,9 @@ def measured_from_dict(d: dict | None) -> Measured | None:
                     plain_tps=number(d.get("plain_tokens_per_second")), plain_tokens=d.get("plain_new_tokens"),
                     pairs=d.get("pairs"), rough=bool(d.get("rough")),
                     conditions=Conditions(d.get("threads"), d.get("load_avg")) if d.get("threads") is not None else None,
-                    stats=stats_from_dict(d.get("stats")), predicted=number(d.get("predicted_speedup")))
+                    stats=stats_from_dict(d.get("stats")), predicted=number(d.get("predicted_speedup")),
+                    low=number(d.get("measured_speedup_low")), high=number(d.get("measured_speedup_high")),
+                    verdict=d.get("verdict") or "", why=d.get("why") or "", disagreement=d.get("disagreement") or "")
 
 
 @dataclass

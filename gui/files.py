@@ -65,18 +65,24 @@ class FileActions:
         return paths
 
     def _provenance(self) -> tuple[str, dict]:
-        """Caption and settings of the current tab's results."""
+        """Caption and settings of the current tab's results: what produced them and how they were measured
+        (repeats / pairs, torch threads, load, and whether the measured figures are rough, unstable or
+        implausible: the ruler's verdict, `hfspec.measure`)."""
         data = self.statistics()
         key = {id(self.live): "run", id(self.sweep): "sweep", id(self.compare): "compare"}[id(self.tabs.currentWidget())]
-        settings = (data.get(key) or {}).get("settings") or {}
+        section = data.get(key) or {}
+        settings = section.get("settings") or {}
         if key == "run" and self.live.shown_settings is not None:
-            return describe(self.live.shown_settings), settings
+            return " · ".join(x for x in (describe(self.live.shown_settings),
+                                          run_measurement_caption(section.get("measurement"))) if x), settings
         drafts = ", ".join(map(str, settings.get("draft") or []))
         gamma = settings.get("gamma")
         gammas = f"γ {gamma[0]}–{gamma[-1]}" if isinstance(gamma, list) and gamma else f"γ {gamma}"
         target = os.path.basename(str(settings.get("target", "")).rstrip("/"))
-        return (f"{target} · drafts {drafts} · {gammas} · T {settings.get('temperature')} · seed "
-                f"{settings.get('seed')} · {settings.get('max_new_tokens')} tokens" if settings else ""), settings
+        head = (f"{target} · drafts {drafts} · {gammas} · T {settings.get('temperature')} · seed "
+                f"{settings.get('seed')} · {settings.get('max_new_tokens')} tokens" if settings else "")
+        rows = section.get("rows") or []
+        return " · ".join(x for x in (head, rows_measurement_caption(rows, section.get("repeats"))) if x), settings
 
     def statistics(self) -> dict:
         """The statistics on show (the last run, sweep and compare), with their settings; JSON-ready."""
@@ -106,3 +112,33 @@ class FileActions:
         self._status(f"Saved statistics to {path}")
         return path
 
+
+def run_measurement_caption(m: dict | None) -> str:
+    """How a run's speed-up was measured, for a PNG's caption: pairs, threads, load, verdict."""
+    if not m:
+        return "not measured"
+    parts = [f"{m.get('pairs')} pair{'s' if m.get('pairs') != 1 else ''}" if m.get("pairs") is not None else ""]
+    parts.append(f"{m['threads']} threads" if m.get("threads") is not None else "")
+    parts.append(f"load {m['load_avg']:.1f}" if m.get("load_avg") is not None else "")
+    verdict = m.get("verdict") or ("rough" if m.get("rough") else "")
+    parts.append(f"measured: {verdict}" if verdict else "")
+    return " · ".join(p for p in parts if p)
+
+
+def rows_measurement_caption(rows: list[dict], repeats) -> str:
+    """How a sweep's / compare's points were measured: repeats, threads, the highest load, and how many points
+    are rough, unstable or implausible."""
+    if not rows:
+        return ""
+    from hfspec.report import row_problem
+
+    threads = sorted({r.get("threads") for r in rows if r.get("threads") is not None})
+    loads = [r["load_avg"] for r in rows if r.get("load_avg") is not None]
+    problems = [row_problem(r) for r in rows]
+    parts = [f"{repeats if repeats is not None else rows[0].get('repeats')} repeats",
+             f"{'/'.join(map(str, threads))} threads" if threads else "",
+             f"load up to {max(loads):.1f}" if loads else ""]
+    counts = {w: problems.count(w) for w in ("rough", "unstable", "implausible") if problems.count(w)}
+    parts.append(", ".join(f"{n} of {len(rows)} points {w}" for w, n in counts.items()) if counts
+                 else "all points stable")
+    return " · ".join(p for p in parts if p)

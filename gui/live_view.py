@@ -57,12 +57,13 @@ CARDS = [  # key, caption, tooltip, widest expected value
      "and tokens per pass, " + TIMED + "; — where none exists", "00.00×"),
     ("ideal", "ideal speed-up", "the paper's formula with c = draft bytes / target bytes: what a machine bound by "
      "weight reads would reach (not an upper bound: the measured speed-up can exceed it)", "00.00× · c 0.000"),
-    ("measured", "measured speed-up", "speculative over plain tokens/s, " + TIMED + "; 'rough' when fewer than 3 "
-     "pairs were timed", "00.00× rough"),
+    ("measured", "measured speed-up", "the median per-pair ratio of speculative over plain tokens/s, " + TIMED +
+     " (hfspec.measure, the CLI's rule); 'rough' under 3 pairs, 'unstable' when the pairs disagree, 'implausible' "
+     "when its own passes cannot produce it", "00.00× implausible"),
     ("timed_rate", "measured tok/s: spec vs plain", "speculative decoding (timed, no display) vs plain decoding "
      "of the same tokens", "00000 vs 00000"),
-    ("with", "measured with", "timed (speculative, plain) pairs, torch's CPU threads and the machine's 1-minute "
-     "load average while measuring", "3 pairs · 00 thr · load 00.0"),
+    ("with", "measured with", "timed (speculative, plain) pairs and the interval of the median ratio, torch's CPU "
+     "threads and the machine's 1-minute load average while measuring", "9 pairs 00.00–00.00× · 00 thr · load 00.0"),
     ("rate", "tokens / s live (with display)", "wall clock of the run you watched: it pays for the live "
      "display, so it is below the measured rate", "00000.0"),
     ("passes", "target passes", "", "00000"),
@@ -368,6 +369,11 @@ class LiveView(QWidget):
         self.metrics["ended"].set_value(shown.stop_reason or "—")
         ideal = number(s.ideal_speedup) if alpha is not None else None
         self.metrics["ideal"].set_value(f"{ideal:.2f}× · c {s.c_bytes:.3f}" if ideal else "—")
+        from hfspec.measure import ideal_note
+
+        note = ideal_note(m.stats or s, m.speedup) if m is not None else ""
+        self.metrics["ideal"].set_flag("")
+        self.metrics["ideal"].setToolTip(self.metrics["ideal"].tip + (f"\n\nNow: {note}" if note else ""))
         self.metrics["c_time"].set_value(fmt(m.c_time, 3) if m else "—")
         self.metrics["predicted"].set_value(fmt(m.predicted_speedup, 2, "×") if m else "—")
         self._show_measured(m)
@@ -387,14 +393,24 @@ class LiveView(QWidget):
             self.metrics["timed_rate"].set_value("—")
             self.metrics["with"].set_value("—")
             return
-        card.set_flag(f"Rough: from {m.pairs or 'fewer than 3'} timed pair(s), fewer than 3; rerun with more "
-                      "tokens for a figure to rely on" if m.rough else "")
-        card.set_value(f"{m.speedup:.2f}×{' rough' if m.rough else ''}")
+        problem = m.unreliable
+        why = {"rough": f"Rough: from {m.pairs or 'fewer than 3'} timed pair(s), fewer than 3; rerun for a figure "
+                        "to rely on",
+               "unstable": "Unstable: the timed pairs disagreed",
+               "implausible": "Implausible: not a fact"}.get(problem, "")
+        details = "\n".join(x for x in (m.why, m.disagreement and f"predicted vs measured: {m.disagreement}") if x)
+        card.set_flag("\n".join(x for x in (why, details) if x) if problem else details)
+        if not problem and details:  # a note (busy machine, a disagreement) without a mark on the value
+            card.flag = ""
+            card.setToolTip(f"{card.tip}\n\n{details}")
+            card.restyle()
+        card.set_value(f"{m.speedup:.2f}×{' ' + problem if problem else ''}")
         spec = f"{m.speculative_tps:.0f}" if m.speculative_tps else "—"
         plain = f"{m.plain_tps:.0f}" if m.plain_tps else "—"
         self.metrics["timed_rate"].set_value(f"{spec} vs {plain}")
         c = m.conditions
-        parts = [f"{m.pairs} pair{'s' if m.pairs != 1 else ''}"] if m.pairs is not None else []
+        interval = f" {m.low:.2f}–{m.high:.2f}×" if m.low and m.high and m.low != m.high else ""
+        parts = [f"{m.pairs} pair{'s' if m.pairs != 1 else ''}{interval}"] if m.pairs is not None else []
         if c is not None:
             parts += [f"{c.threads} thr" if c.threads is not None else "? thr"]
             parts += [f"load {c.load_avg:.1f}"] if c.load_avg is not None else []

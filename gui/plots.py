@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
+from PySide6.QtCore import Qt
 
 from gui import theme
 
@@ -28,6 +29,8 @@ def make_plot(title: str, x_label: str, y_label: str, legend_columns: int = 2) -
     item.setTitle(title, size="10pt", color=theme.current().plot_fg)
     item.setLabel("bottom", x_label)
     item.setLabel("left", y_label)
+    widget.hfspec_y_label = y_label
+    item.vb.sigResized.connect(lambda *_: fit_y_label(widget))  # a short plot elides its y label
     item.showGrid(x=False, y=True, alpha=0.2)
     for axis in ("bottom", "left"):
         item.getAxis(axis).enableAutoSIPrefix(False)  # no label re-layout on every range change
@@ -36,6 +39,22 @@ def make_plot(title: str, x_label: str, y_label: str, legend_columns: int = 2) -
     item.legend = legend  # PlotItem.addItem lists every item given a name here
     widget.setMinimumSize(220, 150)
     return widget
+
+
+def fit_y_label(widget: pg.PlotWidget) -> None:
+    """The y-axis label elided to the axis's height: a rotated label longer than its axis runs into the title
+    and the neighbouring plot (seen at 1024×700). The full label stays in the tooltip."""
+    from PySide6.QtGui import QFontMetrics
+
+    axis = widget.getPlotItem().getAxis("left")
+    full = getattr(widget, "hfspec_y_label", "")
+    room = int(axis.geometry().height()) - 6
+    if not full or room <= 0:
+        return
+    text = QFontMetrics(axis.label.font()).elidedText(full, Qt.TextElideMode.ElideRight, room)
+    if text != axis.labelText:
+        axis.setLabel(text, color=theme.current().plot_fg)
+        axis.setToolTip(full if text != full else "")
 
 
 def retheme_plot(widget: pg.PlotWidget) -> None:

@@ -10,7 +10,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget
 
 from gui import theme
-from gui.figures import ROUGH_BELOW_PAIRS, Conditions, row_conditions, row_is_rough
+from gui.figures import ROUGH_BELOW_PAIRS, Conditions, row_conditions, row_problem
 from gui.plots import PALETTE, clear_plot, error_bars, make_plot, retheme_plot, unit_line
 from gui.widgets import guard_wheel
 from hfspec.compat import new_keys
@@ -102,14 +102,19 @@ class SweepView(QWidget):
         self._draw(self.result or SweepResult(settings=None, gammas=self.gammas(), points=list(self.points)))
 
     def _note(self) -> None:
-        rough = [p for p in self.points if row_is_rough(p)]
+        problems = [row_problem(p) for p in self.points]
+        counts = {w: problems.count(w) for w in ("rough", "unstable", "implausible") if problems.count(w)}
         with_ = row_conditions(self.points[0], self.conditions) if self.points else None
         text = NOTE
         if with_ is not None:
             text += f" Measured with {with_.text()} (torch threads, 1-minute load average)."
-        if rough:
-            text += (f" <span style='color:{theme.current().rough}'>Rough: {len(rough)} point(s) from fewer than "
-                     f"{ROUGH_BELOW_PAIRS} timed runs (hollow markers); raise repeats for figures to rely on.</span>")
+        if counts:
+            what = {"rough": f"Rough (fewer than {ROUGH_BELOW_PAIRS} timed pairs)",
+                    "unstable": "unstable (the pairs disagreed)",
+                    "implausible": "implausible (above what their passes allow; drawn at the axis edge)"}
+            listed = "; ".join(f"{n} point(s) {what[w]}" for w, n in counts.items())
+            text += (f" <span style='color:{theme.current().rough}'>Hollow markers: {listed}. Raise repeats or "
+                     "rerun on a quieter machine for figures to rely on.</span>")
         self.note.setText(text)
         self.note.setStyleSheet(f"color:{theme.current().muted}")
 
@@ -136,8 +141,23 @@ class SweepView(QWidget):
                                      name=f"{draft}: predicted")
             self.speed_plot.plot(fine, curve["ideal_speedup"],
                                  pen=pg.mkPen(colour, width=1, style=Qt.PenStyle.DotLine), name=f"{draft}: ideal")
-            measured = [p.measured_speedup for p in pts]
-            self.speed_plot.addItem(error_bars(xs, measured, [p.measured_speedup_sd for p in pts], colour))
-            brushes = [None if row_is_rough(p) else colour for p in pts]  # rough points are hollow
+            top = speed_top(result.points)
+            measured = [min(p.measured_speedup, top * 0.97) for p in pts]  # an implausible 20× sits at the edge
+            self.speed_plot.addItem(error_bars(xs, measured, [p.measured_speedup_sd if p.measured_speedup < top
+                                                              else 0.0 for p in pts], colour))
+            brushes = [None if row_problem(p) else colour for p in pts]  # unreliable points are hollow
             self.speed_plot.plot(xs, measured, pen=None, symbol="t", symbolSize=9, symbolBrush=brushes,
                                  symbolPen=colour, name=f"{draft}: measured")
+        if result.points:
+            self.speed_plot.setYRange(0, speed_top(result.points), padding=0)
+
+
+def speed_top(points) -> float:
+    """The speed-up axis's top: set by the plausible values (hfspec.report.speed_axis, as the CLI's plot)."""
+    from hfspec.report import speed_axis
+
+    plausible = []
+    for p in points:
+        plausible += [p.predicted_speedup, p.paper_speedup, p.ideal_speedup]
+        plausible.append(p.speedup_bound if row_problem(p) else (p.measured_speedup_high or p.measured_speedup))
+    return speed_axis([v for v in plausible if v])[1]

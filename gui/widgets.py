@@ -83,9 +83,12 @@ class FlowLayout(QLayout):
         return y + line - rect.y()
 
 
+PLACEHOLDERS = ("after run", "—")  # what a card shows before its value exists: it must fit too
+
+
 class Metric(QLabel):
-    """A number with a caption, wide enough for `template` (its widest expected value) so that new values
-    never clip nor move the other cards."""
+    """A number with a caption, wide enough for `template` (its widest expected value) and for the placeholders
+    ("after run") so that new values never clip nor move the other cards."""
 
     def __init__(self, caption: str, tooltip: str = "", template: str = "00.00×"):
         super().__init__()
@@ -95,8 +98,11 @@ class Metric(QLabel):
         self.setToolTip(tooltip)
         self.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.setStyleSheet(card_style())
-        self.set_value(template)
-        self.setFixedSize(self.sizeHint() + QSize(4, 2))  # room for a flagged card's thicker border
+        size = QSize()
+        for text in (template, *PLACEHOLDERS):
+            self.set_value(text)
+            size = size.expandedTo(self.sizeHint())
+        self.setFixedSize(size + QSize(4, 2))  # room for a flagged card's thicker border
         self.setSizePolicy(QSizePolicy.Policy.Fixed, QSizePolicy.Policy.Fixed)
         self.set_value("—")
 

@@ -393,7 +393,7 @@ class Measurement:
         """The cost model fitted to the same timed pairs, for runs of their length: the speed-up they predict."""
         from hfspec.costmodel import from_pairs
 
-        if not self.speculative_runs:
+        if not self.speculative_runs or not has_prediction(self.speculative_runs[0]):
             return 0.0
         return from_pairs(self.speculative_runs, self.plain_runs, new_tokens=self.tokens_per_row).speedup
 
@@ -444,9 +444,18 @@ class Measurement:
                 "load_avg": self.load_avg, "cores": self.cores, "segment": self.segment}
 
 
+def has_prediction(stats: SpecStats | None) -> bool:
+    """Whether a run has a cost-model prediction: only a draft with forwards to time has step costs to price
+    (prompt lookup has none: its figure is "—", never a number)."""
+    return stats is not None and bool(stats.draft_forwards)
+
+
 def predicted_speedup(stats: SpecStats, measurement: Measurement | None = None) -> float:
     """A run's predicted speed-up: the cost model fitted to the timed pairs of `measurement` when it has some
-    (never the watched run, which a live display slows), else to the run itself (`SpecStats.predicted_speedup`)."""
+    (never the watched run, which a live display slows), else to the run itself (`SpecStats.predicted_speedup`);
+    0 (shown "—") for a draft without forwards (`has_prediction`)."""
+    if not has_prediction(stats):
+        return 0.0
     if measurement is not None and measurement.speculative_runs:
         return measurement.predicted_speedup
     return stats.predicted_speedup
@@ -494,6 +503,8 @@ def disagreement(m: Measurement) -> str:
         return ""
     from hfspec.costmodel import from_pairs
 
+    if not has_prediction(m.speculative_runs[0]):
+        return ""
     p = from_pairs(m.speculative_runs, m.plain_runs, new_tokens=m.tokens_per_row)
     if not p.speedup or m.low <= p.speedup <= m.high:
         return ""

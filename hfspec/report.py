@@ -55,7 +55,9 @@ def stats_lines(stats: SpecStats, baseline=None, measured_speedup: float | None 
           if s.tree_leaves else []),
         f"c (time)                 {s.c_time:.3f}  (mean draft forward / mean target forward, measured)",
         f"c (bytes)                {s.c_bytes:.3f}  ({s.draft_bytes / 1e6:.2f} MB / {s.target_bytes / 1e6:.2f} MB)",
-        f"predicted speed-up       {predicted_speedup(s, measurement):.2f}× (cost model: {_source(s, measurement)})",
+        (f"predicted speed-up       {predicted_speedup(s, measurement):.2f}× (cost model: {_source(s, measurement)})"
+         if predicted_speedup(s, measurement) else
+         "predicted speed-up       — (no draft forward to time: the cost model has no step costs to price)"),
         f"paper speed-up           {s.paper_speedup:.2f}× (the paper's formula with c time: no verify width, no "
         f"overhead)",
         f"ideal speed-up           {s.ideal_speedup:.2f}× (the paper's formula with c bytes: weight-bound)",
@@ -172,10 +174,10 @@ def row_problem(row: dict) -> str:
 
     if row.get("flags"):
         return "implausible"
-    if row.get("stable") is False or row.get("verdict") == "unstable":
-        return "unstable"
     pairs = row.get("pairs") if row.get("pairs") is not None else row.get("repeats", 1)
-    return "rough" if (pairs or 0) < ROUGH_BELOW else ""
+    if (pairs or 0) < ROUGH_BELOW:
+        return "rough"
+    return "unstable" if row.get("stable") is False or row.get("verdict") == "unstable" else ""
 
 
 WHY = {"rough": "rough: fewer than 3 timed pairs", "unstable": "unstable: pairs disagreed (see warnings)",

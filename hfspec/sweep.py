@@ -26,7 +26,7 @@ import torch
 import hfspec
 from hfspec.compat import old_names, renamed_keys
 from hfspec.costmodel import predict
-from hfspec.measure import Measurement, measure_speedup, speedup_bound
+from hfspec.measure import Measurement, has_prediction, measure_speedup, speedup_bound
 from hfspec.stats import SpecStats
 from hfspec.validate import GAMMA_MAX
 
@@ -189,7 +189,8 @@ def _row(label: str, gamma, measured: Measurement, identical) -> SweepRow:
         new_tokens=pooled.new_tokens, tokens_per_pass=pooled.tokens_per_pass,
         tokens_per_pass_sd=_sd([s.tokens_per_pass for s in runs]),
         expected_tokens_per_pass=pooled.expected_tokens_per_pass, c_bytes=pooled.c_bytes,
-        c_time=pooled.c_time, predicted_speedup=prediction.speedup, predicted_speedup_sd=_sd(per_pair),
+        c_time=pooled.c_time, predicted_speedup=prediction.speedup if has_prediction(pooled) else 0.0,
+        predicted_speedup_sd=_sd(per_pair) if has_prediction(pooled) else None,
         ideal_speedup=pooled.ideal_speedup,
         tokens_per_second=measured.speculative_tokens_per_second,
         baseline_tokens_per_second=measured.plain_tokens_per_second, baseline_new_tokens=base.new_tokens,

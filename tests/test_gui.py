@@ -115,7 +115,7 @@ def test_run_shows_the_library_statistics_and_honest_speedups(qtbot, window, tmp
     assert window.live.metrics["ideal"].caption == "ideal speed-up"
     # measured against a plain run of the same length
     assert result.measured.plain_tokens == s.new_tokens and timed.new_tokens % s.new_tokens == 0
-    assert cards["measured"].endswith("×") or cards["measured"].endswith("rough")
+    assert cards["measured"].split()[-1] in ("rough", "unstable", "implausible") or cards["measured"].endswith("×")
     assert cards["ended"] == "max tokens" and "ended by max tokens" in window.status_text
 
     # exports: PNG per plot; JSON and CSV carry the settings and the per-pass series

@@ -127,7 +127,8 @@ def test_measured_rates_sit_beside_the_baseline_and_the_live_rate_says_so(qtbot,
     assert "live (with display)" in window.live.metrics["rate"].caption
     spec, plain = cards["timed_rate"].split(" vs ")
     assert (float(spec), float(plain)) == (round(m.speculative_tps), round(m.plain_tps))
-    assert m.speedup == pytest.approx(m.speculative_tps / m.plain_tps)  # the cards agree with each other
+    # the figure is the ruler's median per-pair ratio, inside its interval (the rates are each side's median)
+    assert m.low <= m.speedup <= m.high
     assert cards["measured"].startswith(f"{m.speedup:.2f}×")
 
 
