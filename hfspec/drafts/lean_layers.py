@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hfspec.quant import groupwise, packing
+from hfspec.quant.calibrate import Coded
 from hfspec.quant.modules import FUSED_GROUP_SIZES
 
 # elements: 5-8-bit matrices smaller than this stay fp32 (bf16 matmuls are slow on CPUs
@@ -31,17 +32,18 @@ _PATH_INT4 = "int4 CPU kernel (aten._weight_int4pack_mm_for_cpu)"
 # ------------------------------------------------------------------------------------------------ weights
 class LeanLinear(nn.Module):
     """y = x W^T (+ b) for a weight [N, K] given as float (or as a list of float parts stacked along N, so a
-    fused QKV / gate-up matrix is never concatenated in float): RTN at `bits` (None: kept as is).
+    fused QKV / gate-up matrix is never concatenated in float): RTN at `bits` (None: kept as is); or given as
+    `Coded` parts (a calibrated draft's codes at `bits`), stored as they are.
 
     bits ≤ 4 with a kernel-friendly shape: codes in the int4 CPU kernel's layout (N padded to 64 with zero
     rows, sliced off after the matmul); otherwise a dense matrix (the dequantised codes in bf16, or the float
     weight itself, shared with the target when unquantised and unfused). Quantising runs a block of rows at a
     time, so building holds the result plus one block of scratch, whatever the matrix's size."""
 
-    def __init__(self, w: torch.Tensor | list[torch.Tensor], bias: torch.Tensor | None, bits: int | None,
+    def __init__(self, w: torch.Tensor | Coded | list, bias: torch.Tensor | None, bits: int | None,
                  group_size: int, share: bool = False):
         super().__init__()
-        parts = [w] if isinstance(w, torch.Tensor) else list(w)
+        parts = [w] if isinstance(w, torch.Tensor | Coded) else list(w)
         self.out_features, self.in_features = sum(p.shape[0] for p in parts), parts[0].shape[1]
         numel = self.out_features * self.in_features
         self.bits = bits
@@ -55,7 +57,7 @@ class LeanLinear(nn.Module):
                 packed = torch.empty(padded, self.in_features // 2, dtype=torch.uint8)
                 sz = torch.empty(self.in_features // group_size, padded, 2, dtype=torch.bfloat16)
                 for start, end in _row_blocks(padded, self.in_features, 64):
-                    q, scale, zero = groupwise.group_quantize(_rows(parts, start, end), bits, group_size)
+                    q, scale, zero = _quantized_rows(parts, start, end, bits, group_size)
                     pad = end - start - q.shape[0]  # the last block: zero rows up to a multiple of 64
                     if pad:
                         q = torch.cat([q, q.new_zeros(pad, self.in_features)])
@@ -72,11 +74,13 @@ class LeanLinear(nn.Module):
                 dense = torch.empty(self.out_features, self.in_features,
                                     dtype=torch.float32 if small else torch.bfloat16)
                 for start, end in _row_blocks(self.out_features, self.in_features, 1):
-                    q, scale, zero = groupwise.group_quantize(_rows(parts, start, end), bits, group_size)
+                    q, scale, zero = _quantized_rows(parts, start, end, bits, group_size)
                     dense[start:end] = groupwise.group_dequantize(q, scale, zero, group_size, dense.dtype)
                 self.register_buffer("weight", dense)
                 self.path = f"rtn{bits} dequantised to {'fp32 (small matrix)' if small else 'bf16'}"
             else:
+                if any(isinstance(p, Coded) for p in parts):
+                    raise ValueError("lean linear: codes given for a float (bits=None) weight")
                 weight = parts[0].detach() if share and len(parts) == 1 else torch.cat([p.detach() for p in parts])
                 self.register_buffer("weight", weight)
                 self.path = f"{weight.dtype} float"
@@ -119,7 +123,20 @@ def _row_blocks(rows: int, cols: int, multiple: int):
     return ((start, min(rows, start + step)) for start in range(0, rows, step))
 
 
-def _rows(parts: list[torch.Tensor], start: int, end: int) -> torch.Tensor:
+def _quantized_rows(parts: list, start: int, end: int, bits: int, group_size: int):
+    """(codes, scale, zero) of rows [start, end) of the parts stacked along dim 0: RTN of float parts, or the
+    given codes of `Coded` parts (a calibrated draft's, which must be at `bits` / `group_size`)."""
+    if not any(isinstance(p, Coded) for p in parts):
+        return groupwise.group_quantize(_rows(parts, start, end), bits, group_size)
+    if not all(isinstance(p, Coded) for p in parts):
+        raise ValueError("lean linear: a fused matrix mixes codes and float parts")
+    coded = _rows(parts, start, end)
+    if int(coded.q.max()) >= 2**bits or coded.scale.shape[1] != -(-coded.q.shape[1] // group_size):
+        raise ValueError(f"lean linear: codes are not {bits}-bit in groups of {group_size}")
+    return coded.q, coded.scale, coded.zero
+
+
+def _rows(parts: list, start: int, end: int):
     """Rows [start, end) of the parts stacked along dim 0 (past the end: fewer rows), without stacking them all."""
     pieces, offset = [], 0
     for part in parts:
@@ -127,7 +144,9 @@ def _rows(parts: list[torch.Tensor], start: int, end: int) -> torch.Tensor:
         if offset < end and offset + n > start:
             pieces.append(part[max(0, start - offset):min(n, end - offset)])
         offset += n
-    return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+    if len(pieces) == 1:
+        return pieces[0]
+    return Coded.cat(pieces) if isinstance(pieces[0], Coded) else torch.cat(pieces)
 
 
 # ------------------------------------------------------------------------------------------------ reading
@@ -185,9 +204,15 @@ def _pair_rotary_rows(w: torch.Tensor | None, heads: int, head_dim: int, rot: in
 class _Block(nn.Module):
     """One decoder layer's weights; `step()` returns its forward as a function with the fewest operators."""
 
-    def __init__(self, layer: nn.Module, bits: int | None, group_size: int):
+    def __init__(self, layer: nn.Module, bits: int | None, group_size: int, codes: dict | None = None):
         super().__init__()
         attn, mlp = layer.self_attn, layer.mlp
+        coded = codes or {}
+
+        def parts(module):  # a calibrated draft's codes stand in for the float weight they quantise
+            w, b = _linear_parts(module)
+            return coded.get(id(w), w), b
+
         config = attn.config
         self.head_dim = getattr(attn, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.heads = config.num_attention_heads
@@ -201,26 +226,26 @@ class _Block(nn.Module):
         rope = config.rope_parameters if isinstance(getattr(config, "rope_parameters", None), dict) else {}
         self.rot = int(d * rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)))
         if hasattr(attn, "qkv_proj"):
-            w, b = _linear_parts(attn.qkv_proj)
+            w, b = parts(attn.qkv_proj)
             wq, wk, wv = w.split([nq * d, nkv * d, nkv * d])
             bq, bk, bv = (None, None, None) if b is None else b.split([nq * d, nkv * d, nkv * d])
         else:
-            (wq, bq), (wk, bk), (wv, bv) = (_linear_parts(getattr(attn, n)) for n in ("q_proj", "k_proj", "v_proj"))
+            (wq, bq), (wk, bk), (wv, bv) = (parts(getattr(attn, n)) for n in ("q_proj", "k_proj", "v_proj"))
         wq, bq = _pair_rotary_rows(wq, nq, d, self.rot), _pair_rotary_rows(bq, nq, d, self.rot)
         wk, bk = _pair_rotary_rows(wk, nkv, d, self.rot), _pair_rotary_rows(bk, nkv, d, self.rot)
         biases = [bq, bk, bv]
         b = None if all(x is None for x in biases) else torch.cat([
             x if x is not None else torch.zeros(n) for x, n in zip(biases, (nq * d, nkv * d, nkv * d), strict=True)])
         self.qkv = LeanLinear([wq, wk, wv], b, bits, group_size)
-        self.o = LeanLinear(*_linear_parts(attn.o_proj), bits, group_size)
+        self.o = LeanLinear(*parts(attn.o_proj), bits, group_size)
         if hasattr(mlp, "gate_up_proj"):
-            w, b = _linear_parts(mlp.gate_up_proj)
+            w, b = parts(mlp.gate_up_proj)
         else:
-            (wg, bg), (wu, bu) = _linear_parts(mlp.gate_proj), _linear_parts(mlp.up_proj)
+            (wg, bg), (wu, bu) = parts(mlp.gate_proj), parts(mlp.up_proj)
             w, b = [wg, wu], (None if bg is None else torch.cat([bg, bu]))
-        self.inter = sum(part.shape[0] for part in ([w] if isinstance(w, torch.Tensor) else w)) // 2
+        self.inter = sum(part.shape[0] for part in ([w] if isinstance(w, torch.Tensor | Coded) else w)) // 2
         self.gate_up = LeanLinear(w, b, bits, group_size)
-        self.down = LeanLinear(*_linear_parts(mlp.down_proj), bits, group_size)
+        self.down = LeanLinear(*parts(mlp.down_proj), bits, group_size)
         self.in_norm, self.eps = _norm_weight(layer.input_layernorm, hidden)
         post_attn, _ = _norm_weight(getattr(layer, "post_attention_layernorm", None), hidden)
         pre_ff, _ = _norm_weight(getattr(layer, "pre_feedforward_layernorm", None), hidden)

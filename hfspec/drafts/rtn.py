@@ -24,7 +24,7 @@ _RTN = re.compile(r"rtn(\d+)(?:-g(\d+))?(?:-top(\d+))?(-compiled)?")
 
 def make_rtn_draft(target: nn.Module, bits: int, group_size: int, fused: bool | None = None,
                    lean: bool | None = None, compiled: bool = False, progress=None,
-                   head_top: int | None = None) -> nn.Module:
+                   head_top: int | None = None, codes: dict | None = None) -> nn.Module:
     """RTN copy of `target` at `bits` in groups of `group_size`.
 
     lean: None (default) takes the lean step (`hfspec.drafts.lean`) when the family is supported and the weights
@@ -33,6 +33,8 @@ def make_rtn_draft(target: nn.Module, bits: int, group_size: int, fused: bool | 
     step (`hfspec.drafts.compiled`; needs the lean step), reporting through `progress(message)`.
     head_top: on the lean step, how many of the quantised head's largest logits are re-scored with the target's
     own head rows (default `hfspec.drafts.lean.HEAD_TOP`; 0 keeps the quantised head's logits as they are).
+    codes: id(float weight) -> `hfspec.quant.calibrate.Coded`, codes at `bits` / `group_size` used instead of
+    RTN's for those weights (a calibrated draft, `hfspec.drafts.calibrated`).
     """
     from hfspec import memory
     from hfspec.drafts.lean import HEAD_TOP_MAX, LeanDecoder, lean_reason
@@ -53,7 +55,7 @@ def make_rtn_draft(target: nn.Module, bits: int, group_size: int, fused: bool | 
     if lean is not False and fused is None:
         why = lean_reason(target)
         if why is None:
-            draft = LeanDecoder(target, bits, group_size, progress=progress, head_top=head_top)
+            draft = LeanDecoder(target, bits, group_size, progress=progress, head_top=head_top, codes=codes)
             if compiled:
                 draft.compile_step(progress)
             return draft
@@ -69,7 +71,7 @@ def make_rtn_draft(target: nn.Module, bits: int, group_size: int, fused: bool | 
     elif lean and fused is not None:
         raise HfspecError("draft options: fused applies to the Hugging Face forward only; allowed: lean=True "
                           "without fused, or fused with lean=False")
-    return quantize_model(target, bits, group_size, fused=fused)
+    return quantize_model(target, bits, group_size, fused=fused, codes=codes)
 
 
 def _parse(text: str, low: str) -> DraftSpec | None:

@@ -48,8 +48,15 @@ class QuantWeight(nn.Module):
     def from_float(cls, w: torch.Tensor, bits: int, group_size: int, fused: bool = False) -> QuantWeight:
         """Quantise a float weight [N, K]; `fused` picks the CPU int4 kernel layout (caller checks eligibility)."""
         q, scale, zero = groupwise.group_quantize(w, bits, group_size)
+        return cls.from_codes(q, scale, zero, bits, group_size, w.dtype, fused)
+
+    @classmethod
+    def from_codes(cls, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits: int, group_size: int,
+                   dtype: torch.dtype, fused: bool = False) -> QuantWeight:
+        """Store given codes uint8 [N, K] with fp16 scale / zero [N, G] (e.g. a calibrated draft's); `dtype`: the
+        float weight's, which `dequantize` returns."""
         layout = "int4_cpu" if fused else "rows"
-        self = cls(tuple(w.shape), bits, group_size, layout, w.dtype)
+        self = cls(tuple(q.shape), bits, group_size, layout, dtype)
         if fused:
             sz = torch.stack([scale.float(), zero.float() + 8 * scale.float()], dim=-1)
             self.register_buffer("packed", packing.pack_int4_cpu(q))

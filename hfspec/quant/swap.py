@@ -53,13 +53,16 @@ def _meta_like(p: torch.Tensor) -> nn.Parameter:
     return nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"), requires_grad=False)
 
 
-def quantize_model(model: nn.Module, bits: int, group_size: int = 32, fused: bool | None = None) -> nn.Module:
+def quantize_model(model: nn.Module, bits: int, group_size: int = 32, fused: bool | None = None,
+                   codes: dict | None = None) -> nn.Module:
     """RTN copy of `model`: every Linear / Conv1D / Embedding weight packed at `bits` with groups along K.
 
     Each replacement keeps its layer's forward (biases, Conv1D's transposed weight, scaled embeddings); layers
     it cannot reproduce are refused or kept in float (see `known_layers`).
     fused: use the CPU int4 kernel where a layer allows it (default: when the weights are on the CPU).
     Tied weights (one Parameter used by several modules) get one shared `QuantWeight`. `model` is not changed.
+    codes: id(float weight) -> `hfspec.quant.calibrate.Coded` at `bits` / `group_size` (a calibrated draft's),
+    stored instead of the weight's RTN codes.
     """
     layers = replaceable_layers(model)
     users: dict[int, list[nn.Module]] = {}
@@ -70,7 +73,7 @@ def quantize_model(model: nn.Module, bits: int, group_size: int = 32, fused: boo
     for name, module, kind in layers:
         key = id(module.weight)
         if key not in storages:
-            storages[key] = _quantize_weight(users[key], bits, group_size, fused)
+            storages[key] = _quantize_weight(users[key], bits, group_size, fused, (codes or {}).get(key))
         qweight = storages[key]
         if isinstance(module, nn.Embedding):
             scale = embed_scale(module) if kind == SCALED_EMBEDDING else None
@@ -85,12 +88,16 @@ def quantize_model(model: nn.Module, bits: int, group_size: int = 32, fused: boo
     return draft
 
 
-def _quantize_weight(modules: list[nn.Module], bits: int, group_size: int, fused: bool | None) -> QuantWeight:
-    """Quantise the weight shared by `modules`, in the fused layout when a matmul uses it and its shape fits."""
+def _quantize_weight(modules: list[nn.Module], bits: int, group_size: int, fused: bool | None,
+                     coded=None) -> QuantWeight:
+    """Quantise the weight shared by `modules` (or store its given `coded` codes), in the fused layout when a
+    matmul uses it and its shape fits."""
     w = as_linear_weight(modules[0]).detach()
     with torch.no_grad():
         use_fused = fused is not False and any(not isinstance(m, nn.Embedding) for m in modules)
         use_fused = use_fused and fused_int4_reason(bits, group_size, *w.shape, w.device) is None
+        if coded is not None:
+            return QuantWeight.from_codes(coded.q, coded.scale, coded.zero, bits, group_size, w.dtype, use_fused)
         return QuantWeight.from_float(w, bits, group_size, fused=use_fused)
 
 

@@ -1,0 +1,232 @@
+"""The calibrated draft kind: GPTQ codes in RTN's format (`gptq4`, `gptq3-g64`, `gptq4-top0`, `gptq4-compiled`).
+
+Same bytes and the same step as `rtnB-gN` (the lean step, the int4 kernel, the compiled step, the head's top-K
+re-scoring), but its codes come from `hfspec.quant.calibrate`: the target writes its own calibration text and
+each matrix is quantised so that its outputs, not its weights, stay close (`hfspec.quant.gptq`). On weights that
+were never on a 4-bit grid this is what keeps the draft's acceptance up (benchmarks/bench_calibrated.py).
+
+Calibrating takes seconds to minutes, so the codes are cached on disk (`CALIBRATION_DIR`), keyed by a digest of
+the target's weights, the bits, the group size and the calibration settings: a cache entry for other weights or
+settings is never used, and an entry is written to a temporary file and renamed into place, so an interrupted or
+out-of-disk calibration leaves nothing half-written (the draft is still built; only the caching is skipped).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from hfspec.drafts.registry import DraftKind, DraftSpec, Field, fail
+from hfspec.drafts.rtn import DEFAULT_GROUP_SIZE, GROUP_SIZES, HEAD_DEFAULT, STEPS, _step_suffix, _top_suffix
+from hfspec.errors import HfspecError
+from hfspec.quant.calibrate import Calibration, Coded, calibrate, calibration_matrices
+
+GPTQ_BITS = (2, 8)
+FORMAT = 1  # the cache file's layout and the algorithm's version: a change makes older entries unused
+CALIBRATION_DIR = Path(os.environ.get("HFSPEC_CALIBRATION_DIR", Path.home() / ".cache" / "hfspec" / "calibrated"))
+_GPTQ = re.compile(r"gptq(\d+)(?:-g(\d+))?(?:-top(\d+))?(-compiled)?")
+
+
+def weights_digest(model: nn.Module) -> str:
+    """A digest of the model's class, parameter names, shapes, dtypes and bytes (tied parameters once)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(type(model).__name__.encode())
+    seen = set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        h.update(f"{name}:{tuple(p.shape)}:{p.dtype}".encode())
+        if p.data_ptr() in seen:
+            continue
+        seen.add(p.data_ptr())
+        t = p.detach().cpu().contiguous()
+        h.update(t.view(torch.uint8).reshape(-1).numpy().data if t.numel() else b"")
+    return h.hexdigest()
+
+
+def cache_path(model: nn.Module, bits: int, group_size: int, settings: Calibration, folder: Path | None = None) -> Path:
+    """Where the codes of `model` at these settings are cached."""
+    key = hashlib.blake2b(f"{weights_digest(model)}|gptq{bits}-g{group_size}|{settings.key()}|v{FORMAT}".encode(),
+                          digest_size=16).hexdigest()
+    return Path(folder or CALIBRATION_DIR) / f"gptq{bits}-g{group_size}-{key}.safetensors"
+
+
+def calibrated_codes(model: nn.Module, bits: int, group_size: int, settings: Calibration | None = None,
+                     progress=None, folder: Path | None = None) -> tuple[dict[str, Coded], str]:
+    """GPTQ codes of every matrix of `model` by module name, from the cache or calibrated now (and cached);
+    also says where they came from ("cache: PATH", "calibrated in N s, cached: PATH" or "... not cached: why")."""
+    say = progress or (lambda message: None)
+    settings = settings or Calibration()
+    path = cache_path(model, bits, group_size, settings, folder)
+    names = list(calibration_matrices(model))
+    if path.exists():
+        try:
+            codes = _read(path, model, names, bits, group_size)
+            say(f"calibrated draft: loaded from {path}")
+            return codes, f"cache: {path}"
+        except Exception as why:  # noqa: BLE001 - a damaged entry (any reader error) is replaced, never used
+            warnings.warn(f"calibration cache entry {path} is unusable ({why}); calibrating again", stacklevel=2)
+    began = time.perf_counter()
+    codes = calibrate(model, bits, group_size, settings, names, progress)
+    spent = time.perf_counter() - began
+    try:
+        _write(path, model, codes, bits, group_size, settings)
+        where = f"calibrated in {spent:.0f} s, cached: {path}"
+    except OSError as why:
+        warnings.warn(f"calibrated draft not cached ({why}); the next build calibrates again", stacklevel=2)
+        where = f"calibrated in {spent:.0f} s, not cached: {why}"
+    say(f"calibrated draft: {where}")
+    return codes, where
+
+
+def _write(path: Path, model: nn.Module, codes: dict[str, Coded], bits: int, group_size: int,
+           settings: Calibration) -> None:
+    """Write the codes (packed at `bits`) to a temporary file beside `path`, then rename it into place."""
+    from safetensors.torch import save_file
+
+    from hfspec.quant.packing import pack_rows
+
+    owner: dict[int, str] = {}
+    for name, coded in codes.items():
+        owner.setdefault(id(coded), name)
+    tensors = {}
+    for name in dict.fromkeys(owner.values()):
+        c = codes[name]
+        tensors.update({f"{name}.packed": pack_rows(c.q, bits), f"{name}.scale": c.scale.contiguous(),
+                        f"{name}.zero": c.zero.contiguous()})
+    meta = {"format": str(FORMAT), "bits": str(bits), "group_size": str(group_size), "settings": settings.key(),
+            "owners": json.dumps({name: owner[id(c)] for name, c in codes.items()})}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".partial", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata=meta)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _read(path: Path, model: nn.Module, names: list[str], bits: int, group_size: int) -> dict[str, Coded]:
+    from safetensors import safe_open
+
+    from hfspec.quant.packing import unpack_rows
+
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata() or {}
+        if meta.get("format") != str(FORMAT) or meta.get("bits") != str(bits) or meta.get("group_size") != str(group_size):
+            raise ValueError("written by another format or for other settings")
+        owners = json.loads(meta["owners"])
+        if sorted(owners) != sorted(names):
+            raise ValueError("its matrices are not this model's")
+        unique = {}
+        for owner in set(owners.values()):
+            w = model.get_submodule(owner).weight
+            k = w.shape[1] if type(model.get_submodule(owner)) is nn.Linear else w.shape[0]
+            q = unpack_rows(f.get_tensor(f"{owner}.packed"), bits, k)
+            unique[owner] = Coded(q, f.get_tensor(f"{owner}.scale"), f.get_tensor(f"{owner}.zero"))
+    return {name: unique[owner] for name, owner in owners.items()}
+
+
+def make_calibrated_draft(target: nn.Module, bits: int, group_size: int, compiled: bool = False, progress=None,
+                          head_top: int | None = None, lean: bool | None = None,
+                          calibration: Calibration | None = None) -> nn.Module:
+    """A draft of `target` with GPTQ codes at `bits` in groups of `group_size` (see the module docstring); the
+    step and its options are `hfspec.drafts.rtn.make_rtn_draft`'s."""
+    from hfspec.drafts.rtn import make_rtn_draft
+
+    if any(p.device.type == "meta" for p in target.parameters()):
+        raise HfspecError("draft: a calibrated draft needs the target's weights in memory (offloaded weights are "
+                          "on the meta device); allowed: rtnB drafts for offloaded targets")
+    if calibration is not None and not isinstance(calibration, Calibration):
+        raise HfspecError(f"draft option calibration: got {calibration!r}; allowed: a "
+                          "hfspec.quant.calibrate.Calibration")
+    codes, where = calibrated_codes(target, bits, group_size, calibration, progress)
+    by_weight = {id(target.get_submodule(name).weight): c for name, c in codes.items()}
+    draft = make_rtn_draft(target, bits, group_size, lean=lean, compiled=compiled, progress=progress,
+                           head_top=head_top, codes=by_weight)
+    draft.hfspec_calibration = where
+    return draft
+
+
+def _parse(text: str, low: str) -> DraftSpec | None:
+    if not low.startswith("gptq"):
+        return None
+    match = _GPTQ.fullmatch(low)
+    if not match:
+        raise fail(f"cannot read {text!r} (write gptqB, gptqB-gN, optionally -topK, optionally ending in -compiled, "
+                   "e.g. gptq4, gptq3-g64, gptq4-compiled)")
+    bits = int(match.group(1))
+    if not GPTQ_BITS[0] <= bits <= GPTQ_BITS[1]:
+        raise fail(f"bits must be {GPTQ_BITS[0]}..{GPTQ_BITS[1]}, got {bits}")
+    group = int(match.group(2)) if match.group(2) else DEFAULT_GROUP_SIZE
+    if not GROUP_SIZES[0] <= group <= GROUP_SIZES[1]:
+        raise fail(f"group size must be {GROUP_SIZES[0]}..{GROUP_SIZES[1]}, got {group}")
+    params = ()
+    if match.group(3) is not None:
+        from hfspec.drafts.lean import HEAD_TOP_MAX
+
+        top = int(match.group(3))
+        if top > HEAD_TOP_MAX:
+            raise fail(f"-topK (head logits re-scored) must be 0..{HEAD_TOP_MAX}, got {top}")
+        params += (("head_top", top),)
+    if match.group(4):
+        params += (("step", "compiled"),)
+    return DraftSpec("gptq", bits=bits, group_size=group, params=params)
+
+
+def _build(target, spec: DraftSpec, options: dict):
+    top = spec.param("head_top")
+    if top is not None:
+        if options.get("head_top") is not None and options["head_top"] != top:
+            raise HfspecError(f"draft options: the spec {spec.label} says head_top={top} and the option says "
+                              f"head_top={options['head_top']!r}; allowed: one of them, or both the same")
+        options = {**options, "head_top": top}
+    return make_calibrated_draft(target, spec.bits, spec.group_size, compiled=spec.param("step") == "compiled",
+                                 **options)
+
+
+def _spec_of(values: dict) -> str:
+    group = int(values.get("group") or DEFAULT_GROUP_SIZE)
+    step = values.get("step") or STEPS[0]
+    if step not in STEPS:
+        raise fail(f"step must be one of {', '.join(STEPS)}, got {step!r}")
+    top = values.get("head_top")
+    return (f"gptq{int(values['bits'])}" + (f"-g{group}" if group != DEFAULT_GROUP_SIZE else "")
+            + _top_suffix(None if top in ("", HEAD_DEFAULT) else top) + _step_suffix(step))
+
+
+def _label(spec: DraftSpec) -> str:
+    return (f"gptq{spec.bits}-g{spec.group_size}" + _top_suffix(spec.param("head_top"))
+            + _step_suffix(spec.param("step", STEPS[0])))
+
+
+def _assisted(target, draft, spec: DraftSpec, gamma: int):
+    """HF assisted generation runs the calibrated codes through the HF forward (without a compiled step)."""
+    if callable(getattr(draft, "generate", None)):
+        return None
+    from hfspec.drafts import make_draft
+
+    eager = DraftSpec("gptq", bits=spec.bits, group_size=spec.group_size)
+    return {"assistant_model": make_draft(target, eager, lean=False)}, f"{eager.label} through the HF forward"
+
+
+KIND = DraftKind(
+    name="gptq", title="calibrated quantised copy (GPTQ)",
+    allowed=f"gptq{GPTQ_BITS[0]}..gptq{GPTQ_BITS[1]}[-gN][-topK][-compiled]",
+    parse=_parse, build=_build, label=_label,
+    fields=(Field("bits", "bits", 4, low=GPTQ_BITS[0], high=GPTQ_BITS[1]),
+            Field("group", "group size", DEFAULT_GROUP_SIZE, choices=(32, 64, 128, 256)),
+            Field("step", "draft step", STEPS[0], choices=STEPS),
+            Field("head_top", "head logits re-scored", HEAD_DEFAULT, choices=(HEAD_DEFAULT, 0, 8, 32, 128))),
+    spec_of=_spec_of, values=lambda s: {"bits": s.bits, "group": s.group_size},
+    options=frozenset({"lean", "progress", "head_top", "calibration"}), copies_target=True, assisted=_assisted,
+    examples=("gptq4", "gptq3", "gptq4-g64", "gptq4-compiled"),
+)

@@ -1,0 +1,176 @@
+"""Calibration for error-compensating drafts: text the target writes itself, the input Hessians of its matrices,
+and GPTQ codes for all of them (`calibrate`).
+
+No data set is downloaded: the target samples `sequences` texts of `tokens` tokens from its BOS at temperature 1
+(seeded), which is the distribution the draft must imitate. One forward over them with hooks on every matrix the
+draft quantises gives each matrix's Hessian Σ x xᵀ; matrices of one shape are then quantised together
+(`gptq.gptq_quantize` batched), which makes the sweep's Python loop run once per column for all layers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from hfspec.quant import gptq
+from hfspec.quant.known_layers import Conv1D
+
+BATCH_ELEMENTS = 64 << 20  # weights per batched GPTQ sweep (bounds the fp32 scratch to a few hundred MB)
+PROGRESS_EVERY = 2.0  # seconds between progress messages
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """How a calibrated draft is made: `sequences` self-sampled texts of `tokens` tokens (seed `seed`), GPTQ
+    with `damp` and the clipping search `shrink` (part of the cache key: other settings make other codes)."""
+
+    sequences: int = 32
+    tokens: int = 128
+    seed: int = 0
+    damp: float = gptq.DAMP
+    shrink: tuple[float, ...] = gptq.SHRINK
+    act_order: bool = True
+
+    def key(self) -> str:
+        return (f"s{self.sequences}-t{self.tokens}-seed{self.seed}-d{self.damp:g}-c{','.join(f'{x:g}' for x in self.shrink)}"
+                f"-a{int(self.act_order)}")
+
+
+@dataclass
+class Coded:
+    """A weight [N, K] as group-quantised codes: w ≈ q * scale + zero per group of `group_size` along K.
+    Row indexing and `split` along N give Coded views, so code that permutes or splits a weight's rows (the lean
+    step's rotary pairing, fused projections) treats it like a tensor."""
+
+    q: torch.Tensor  # uint8 [N, K]
+    scale: torch.Tensor  # fp16 [N, G]
+    zero: torch.Tensor  # fp16 [N, G]
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.q.device
+
+    def dim(self) -> int:
+        return 2
+
+    def __getitem__(self, rows) -> Coded:
+        return Coded(self.q[rows], self.scale[rows], self.zero[rows])
+
+    def split(self, sizes: list[int]) -> list[Coded]:
+        out, start = [], 0
+        for size in sizes:
+            out.append(self[start:start + size])
+            start += size
+        return out
+
+    @staticmethod
+    def cat(parts: list[Coded]) -> Coded:
+        return Coded(*(torch.cat([getattr(p, f) for p in parts]) for f in ("q", "scale", "zero")))
+
+
+def calibration_matrices(model: nn.Module) -> dict[str, nn.Module]:
+    """The plain Linear / Conv1D modules of `model` by name (what a quantised draft's matmuls read)."""
+    return {name: m for name, m in model.named_modules()
+            if (type(m) is nn.Linear or isinstance(m, Conv1D)) and m.weight.dim() == 2}
+
+
+def bos_id(model: nn.Module) -> int:
+    for config in (getattr(model, "generation_config", None), model.config):
+        token = getattr(config, "bos_token_id", None) if config is not None else None
+        if isinstance(token, list | tuple):
+            token = token[0] if token else None
+        if token is not None:
+            return int(token)
+    return 0
+
+
+@torch.no_grad()
+def self_samples(model: nn.Module, sequences: int, tokens: int, seed: int) -> torch.Tensor:
+    """[sequences, 1 + tokens]: texts the model writes from its BOS at temperature 1 (full length, seeded)."""
+    device = next(model.parameters()).device
+    start = torch.full((sequences, 1), bos_id(model), dtype=torch.long, device=device)
+    state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        return model.generate(start, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=tokens,
+                              min_new_tokens=tokens, pad_token_id=bos_id(model), attention_mask=torch.ones_like(start))
+    finally:
+        torch.random.set_rng_state(state)
+
+
+@torch.no_grad()
+def hessians(model: nn.Module, ids: torch.Tensor, names: list[str], rows_per_pass: int = 8) -> dict[str, torch.Tensor]:
+    """Σ x xᵀ [K, K] (fp64) of the inputs of each named matrix over a forward of `ids`, `rows_per_pass`
+    sequences at a time."""
+    found: dict[str, torch.Tensor] = {}
+    hooks = []
+    for name in names:
+        module = model.get_submodule(name)
+
+        def hook(mod, args, name=name):
+            found[name] = gptq.hessian_update(found.get(name), args[0].detach().float())
+        hooks.append(module.register_forward_pre_hook(hook))
+    try:
+        for start in range(0, ids.shape[0], rows_per_pass):
+            model(ids[start:start + rows_per_pass], use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    return found
+
+
+def _weight(module: nn.Module) -> torch.Tensor:
+    return module.weight.t() if isinstance(module, Conv1D) else module.weight
+
+
+def calibrate(model: nn.Module, bits: int, group_size: int, settings: Calibration | None = None,
+              names: list[str] | None = None, progress: Callable[[str], None] | None = None) -> dict[str, Coded]:
+    """GPTQ codes for each named matrix of `model` (default: `calibration_matrices`), keyed by module name.
+
+    Tied matrices (one Parameter in several modules) are quantised once, from the Hessian of the module named
+    first, and appear under each name."""
+    say = progress or (lambda message: None)
+    settings = settings or Calibration()
+    began = time.perf_counter()
+    names = list(calibration_matrices(model)) if names is None else list(names)
+    say(f"calibrating: the target writes {settings.sequences} × {settings.tokens} tokens of its own text")
+    ids = self_samples(model, settings.sequences, settings.tokens, settings.seed)
+    say(f"calibrating: input statistics of {len(names)} matrices ({time.perf_counter() - began:.0f} s)")
+    owner: dict[int, str] = {}
+    for name in names:
+        owner.setdefault(id(model.get_submodule(name).weight), name)
+    unique = list(dict.fromkeys(owner.values()))
+    found = hessians(model, ids, unique)
+    by_shape: dict[tuple, list[str]] = {}
+    for name in unique:
+        by_shape.setdefault(tuple(_weight(model.get_submodule(name)).shape), []).append(name)
+    done, total, shown = 0, len(unique), time.perf_counter()
+    codes: dict[str, Coded] = {}
+    for (n, k), group in by_shape.items():
+        per_batch = max(1, BATCH_ELEMENTS // (n * k))
+        for start in range(0, len(group), per_batch):
+            part = group[start:start + per_batch]
+            w = torch.stack([_weight(model.get_submodule(name)).detach().float() for name in part])
+            h = torch.stack([found[name] for name in part])
+            q, scale, zero = gptq.gptq_quantize(w, h, bits, group_size, settings.damp, settings.shrink,
+                                                settings.act_order)
+            for i, name in enumerate(part):
+                codes[name] = Coded(q[i].clone(), scale[i].clone(), zero[i].clone())
+            done += len(part)
+            now = time.perf_counter()
+            if now - shown >= PROGRESS_EVERY or done == total:
+                spent = now - began
+                eta = spent / done * (total - done) if done else 0.0
+                say(f"calibrating: {done}/{total} matrices quantised ({spent:.0f} s, about {eta:.0f} s left)")
+                shown = now
+    for name in names:
+        codes[name] = codes[owner[id(model.get_submodule(name).weight)]]
+    return codes

@@ -1,0 +1,250 @@
+"""Calibrated (GPTQ) drafts: the tensor maths, the codes in the draft's storage, the disk cache, exactness."""
+
+import warnings
+from pathlib import Path
+
+import laws
+import pytest
+import torch
+from laws import WRONG_RULES
+from tiny_models import build
+
+import hfspec
+import hfspec.sampling as sampling
+from hfspec.drafts import calibrated, make_draft
+from hfspec.drafts.fidelity import fidelity
+from hfspec.drafts.registry import parse
+from hfspec.errors import HfspecError
+from hfspec.quant import gptq
+from hfspec.quant.calibrate import Calibration, Coded, calibration_matrices, self_samples
+from hfspec.quant.groupwise import group_dequantize, group_quantize
+
+MICRO = Path(__file__).resolve().parents[1] / "presets" / "models" / "micro"
+QUICK = Calibration(sequences=16, tokens=64)
+
+
+@pytest.fixture(autouse=True)
+def _cache_folder(tmp_path, monkeypatch):
+    monkeypatch.setattr(calibrated, "CALIBRATION_DIR", tmp_path / "calibrated")
+
+
+def _correlated(k=64, rows=2048, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    mix = torch.randn(k, k, generator=g) / k**0.5
+    x = torch.randn(rows, k, generator=g) @ mix + 0.05 * torch.randn(rows, k, generator=g)
+    x[:, :3] *= 8  # a few outlier channels, as real activations have
+    return x
+
+
+# ------------------------------------------------------------------------------------------------ tensor maths
+def test_identity_hessian_is_rtn():
+    """With H = I no error moves to other columns and no clipping is tried: GPTQ is RTN, code for code."""
+    w = torch.randn(48, 96) * 0.05
+    q, s, z = gptq.gptq_quantize(w, torch.eye(96, dtype=torch.float64), 4, 32, damp=0.0, shrink=(1.0,))
+    rq, rs, rz = group_quantize(w, 4, 32)
+    assert torch.equal(q, rq) and torch.equal(s, rs) and torch.equal(z, rz)
+
+
+@pytest.mark.parametrize("bits,group", [(4, 32), (3, 32), (4, 24)])
+def test_gptq_is_rtn_format_and_closer_on_outputs(bits, group):
+    x = _correlated()
+    w = torch.randn(40, 64) * 0.05
+    h = gptq.hessian_update(None, x)
+    q, s, z = gptq.gptq_quantize(w, h, bits, group)
+    assert q.dtype == torch.uint8 and int(q.max()) < 2**bits
+    assert s.dtype == z.dtype == torch.float16 and s.shape == (40, -(-64 // group))
+    rtn = group_dequantize(*group_quantize(w, bits, group), group)
+    mine = group_dequantize(q, s, z, group)
+    assert gptq.output_error(w, mine, h) < 0.7 * gptq.output_error(w, rtn, h)
+    # negative control: on outputs of other (uncorrelated) inputs GPTQ has no such edge
+    other = gptq.hessian_update(None, torch.randn(2048, 64))
+    assert gptq.output_error(w, mine, other) > 0.7 * gptq.output_error(w, rtn, other)
+
+
+def test_batched_sweep_equals_one_at_a_time():
+    x1, x2 = _correlated(seed=1), _correlated(seed=2)
+    w = torch.randn(2, 32, 64) * 0.05
+    h = torch.stack([gptq.hessian_update(None, x1), gptq.hessian_update(None, x2)])
+    qb, sb, zb = gptq.gptq_quantize(w, h, 4, 32)
+    for i in range(2):
+        q, s, z = gptq.gptq_quantize(w[i], h[i], 4, 32)
+        assert torch.equal(q, qb[i]) and torch.equal(s, sb[i]) and torch.equal(z, zb[i])
+
+
+def test_dead_input_column_is_rounded_plainly():
+    x = _correlated()
+    x[:, 5] = 0.0
+    h = gptq.hessian_update(None, x)
+    q, s, z = gptq.gptq_quantize(torch.randn(8, 64), h, 4, 32)
+    assert torch.isfinite(s.float()).all() and torch.isfinite(z.float()).all()
+
+
+# ------------------------------------------------------------------------------------------------ drafts
+def test_rtn_codes_through_the_codes_path_give_the_rtn_draft():
+    """The plumbing: a calibrated draft given RTN's own codes is the rtn draft, logit for logit."""
+    target = build("llama", vocab=96, layers=2, hidden=64)
+    codes = {}
+    for module in calibration_matrices(target).values():
+        codes[id(module.weight)] = Coded(*group_quantize(module.weight, 4, 32))
+    from hfspec.drafts.rtn import make_rtn_draft
+
+    ids = torch.tensor([[0, 5, 17, 33, 9, 40]])
+    for lean in (None, False):
+        a = make_rtn_draft(target, 4, 32, lean=lean, head_top=0 if lean is None else None)
+        b = make_rtn_draft(target, 4, 32, lean=lean, head_top=0 if lean is None else None, codes=codes)
+        assert torch.equal(a(ids).logits, b(ids).logits)
+
+
+@pytest.fixture(scope="module")
+def micro():
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_pretrained(MICRO, dtype=torch.float32).eval()
+
+
+def test_calibrated_draft_is_closer_than_rtn(micro, tmp_path):
+    """On a trained model at 3 bits, over text the target writes itself (not the calibration text)."""
+    ids = self_samples(micro, 2, 48, seed=123)
+    rtn = make_draft(micro, "rtn3", head_top=0)
+    cal = make_draft(micro, "gptq3-top0", calibration=QUICK)
+    f_rtn, f_cal = fidelity(micro, rtn, ids), fidelity(micro, cal, ids)
+    assert f_cal > f_rtn + 0.01, (f_rtn, f_cal)
+    assert cal.hfspec_draft_spec == "gptq3-g32-top0"
+
+
+def test_cache_is_used_and_keyed_by_weights(micro):
+    first = make_draft(micro, "gptq4", calibration=QUICK)
+    assert first.hfspec_calibration.startswith("calibrated in") and "cached:" in first.hfspec_calibration
+    again = make_draft(micro, "gptq4", calibration=QUICK)
+    assert again.hfspec_calibration.startswith("cache:")
+    ids = torch.tensor([[0, 5, 17, 33, 9]])
+    assert torch.equal(first(ids).logits, again(ids).logits)
+    other = Calibration(sequences=16, tokens=64, seed=1)
+    assert make_draft(micro, "gptq4", calibration=other).hfspec_calibration.startswith("calibrated in")
+    import copy
+
+    changed = copy.deepcopy(micro)
+    with torch.no_grad():
+        changed.model.layers[0].mlp.down_proj.weight[0, 0] += 1e-3
+    assert make_draft(changed, "gptq4", calibration=QUICK).hfspec_calibration.startswith("calibrated in")
+
+
+def test_damaged_cache_entry_is_replaced(micro):
+    make_draft(micro, "gptq4", calibration=QUICK)
+    (entry,) = calibrated.CALIBRATION_DIR.glob("*.safetensors")
+    entry.write_bytes(entry.read_bytes()[:100])
+    with pytest.warns(UserWarning, match="unusable"):
+        draft = make_draft(micro, "gptq4", calibration=QUICK)
+    assert draft.hfspec_calibration.startswith("calibrated in")
+    assert make_draft(micro, "gptq4", calibration=QUICK).hfspec_calibration.startswith("cache:")
+
+
+def test_interrupted_or_full_disk_write_leaves_no_entry(micro, monkeypatch):
+    import safetensors.torch
+
+    def full_disk(*args, **kwargs):
+        Path(args[1]).write_bytes(b"partial")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    with pytest.warns(UserWarning, match="not cached"):
+        draft = make_draft(micro, "gptq4", calibration=QUICK)
+    assert "not cached" in draft.hfspec_calibration
+    assert not list(calibrated.CALIBRATION_DIR.iterdir())  # neither an entry nor a partial file
+
+    def killed(*args, **kwargs):
+        Path(args[1]).write_bytes(b"partial")
+        raise KeyboardInterrupt
+    monkeypatch.setattr(safetensors.torch, "save_file", killed)
+    with pytest.raises(KeyboardInterrupt):
+        make_draft(micro, "gptq4", calibration=QUICK)
+    assert not list(calibrated.CALIBRATION_DIR.iterdir())
+
+
+def test_unusable_cache_folder_still_builds(micro, monkeypatch, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setattr(calibrated, "CALIBRATION_DIR", blocker / "calibrated")
+    with pytest.warns(UserWarning, match="not cached"):
+        draft = make_draft(micro, "gptq4", calibration=QUICK)
+    assert draft(torch.tensor([[0, 5]])).logits.shape[-1] == micro.config.vocab_size
+
+
+def test_progress_reports_calibration(micro):
+    said = []
+    make_draft(micro, "gptq4", calibration=QUICK, progress=said.append)
+    assert any("writes 16 × 64 tokens" in s for s in said)
+    assert any("matrices quantised" in s and "left" in s for s in said)
+
+
+@pytest.mark.parametrize("spec,label", [("gptq4", "gptq4-g32"), ("gptq3-g64", "gptq3-g64"),
+                                        ("GPTQ4-top0-compiled", "gptq4-g32-top0-compiled")])
+def test_spec_labels(spec, label):
+    assert parse(spec).label == label
+
+
+@pytest.mark.parametrize("spec,needle", [("gptq9", "bits must be 2..8"), ("gptq4-g4", "group size"),
+                                         ("gptqx", "cannot read"), ("gptq4-top9999", "-topK")])
+def test_bad_specs_name_the_field(spec, needle):
+    with pytest.raises(HfspecError, match=needle):
+        parse(spec)
+
+
+def test_bad_calibration_option():
+    with pytest.raises(HfspecError, match="calibration"):
+        make_draft(build("llama"), "gptq4", calibration={"sequences": 4})
+
+
+# ------------------------------------------------------------------------------------------------ exactness
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2", "gpt_neox"])
+def test_greedy_identity_with_calibrated_drafts(arch):
+    target = build(arch, init=0.2, hidden=64)
+    draft = make_draft(target, "gptq3", calibration=QUICK)
+    ids = torch.tensor([[0, 5, 17, 33, 9]])
+    expected = target.generate(ids, do_sample=False, max_new_tokens=60, min_new_tokens=60)
+    out = hfspec.generate(target, ids, draft=draft, gamma=4, temperature=0, max_new_tokens=60, min_new_tokens=60)
+    assert torch.equal(out.sequences, expected)
+    assert 0 < out.stats.accepted < out.stats.checked
+
+
+V, NEW, ROWS = 8, 3, 20_000
+
+
+@pytest.fixture(scope="module")
+def small_pair():
+    target = build("llama", vocab=V, layers=1, seed=0, init=0.6, hidden=32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a 2-bit copy of a tiny random model is far from it: the point here
+        draft = make_draft(target, "gptq2", calibration=Calibration(sequences=8, tokens=16))
+    return target, draft
+
+
+def _samples(target, draft, prompt, seed):
+    ids = torch.tensor([prompt] * ROWS)
+    out = hfspec.generate(target, ids, draft=draft, gamma=3, temperature=1.0, max_new_tokens=NEW,
+                          min_new_tokens=NEW, seed=seed)
+    return out.sequences[:, len(prompt):], out.stats
+
+
+@pytest.mark.slow
+def test_law_with_calibrated_draft_and_negative_control(small_pair, monkeypatch):
+    target, draft = small_pair
+    prompt = [0, 3]
+    law = laws.exact_law(target, prompt, V, NEW)
+    new, stats = _samples(target, draft, prompt, seed=11)
+    assert stats.accepted < stats.checked, "the draft must be rejected sometimes"
+    assert laws.p_value(new, law, V, NEW) > 1e-3
+    name, wrong_rule = WRONG_RULES["residual-without-subtraction"]
+    monkeypatch.setattr(sampling, name, wrong_rule)
+    wrong, _ = _samples(target, draft, prompt, seed=11)
+    assert laws.p_value(wrong, law, V, NEW) < 1e-6
+
+
+def test_calibration_samples_are_seeded(micro):
+    a = self_samples(micro, 2, 8, seed=3)
+    b = self_samples(micro, 2, 8, seed=3)
+    c = self_samples(micro, 2, 8, seed=4)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    before = torch.random.get_rng_state()
+    self_samples(micro, 1, 4, seed=5)
+    assert torch.equal(before, torch.random.get_rng_state()), "calibration must not move the user's RNG"
