@@ -13,6 +13,8 @@ PAIRS = {
     "micro": ROOT / "presets" / "models" / "micro",
     "stories260K": SHARED / "stories260K",
     "smollm2": Path.home() / ".cache" / "hfspec-models" / "smollm2-135m-instruct",  # get-smollm2.sh's default
+    # SmolLM2 moved off the rtn4 grid by benchmarks/offgrid.py (seed 0): the honest target
+    "smollm2-offgrid": Path.home() / ".cache" / "hfspec-models" / "smollm2-135m-instruct-offgrid",
 }
 
 
@@ -21,6 +23,8 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--models", default="micro,stories260K,smollm2",
                    help="comma-separated: micro, stories260K, smollm2 (SmolLM2-135M from get-smollm2.sh), or folders")
     p.add_argument("--smollm2", default=str(PAIRS["smollm2"]), help="folder made by ../shared/models/get-smollm2.sh")
+    p.add_argument("--smollm2-offgrid", default=str(PAIRS["smollm2-offgrid"]),
+                   help="that folder moved off the grid by benchmarks/offgrid.py")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
@@ -30,6 +34,7 @@ def parser(description: str) -> argparse.ArgumentParser:
 
 def model_folders(args) -> dict[str, Path]:
     PAIRS["smollm2"] = Path(args.smollm2)
+    PAIRS["smollm2-offgrid"] = Path(args.smollm2_offgrid)
     out = {}
     for name in args.models.split(","):
         path = PAIRS.get(name, Path(name))
