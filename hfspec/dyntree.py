@@ -166,6 +166,9 @@ class DynamicTree:
 
     def __init__(self, shape: TreeShape | AutoShape):
         self.shape = shape
+        # live acceptance by depth and rank: orders candidates at T > 0 (a first-drawn child is the likeliest
+        # to be accepted, whatever its q), and, with "auto", sizes the tree
+        self.acceptance = shape if isinstance(shape, AutoShape) else AutoShape(timed=False, c_prior=0.2)
 
     @property
     def auto(self) -> bool:
@@ -384,7 +387,7 @@ def _dists(scorer, groups, nodes, which, logits, greedy: bool) -> list[torch.Ten
 def grow(tree: DynamicTree, draft_side: _DraftSide, scorer, groups, generator, greedy: bool, depth_room: int
          ) -> tuple[list[_Node], int]:
     """The round's token tree (node 0 is the root, the last committed token) and the number of draft levels."""
-    shape = tree.shape
+    shape, acc = tree.shape, tree.acceptance
     auto = tree.auto
     limits = shape.limits if auto else shape
     node_floor = shape.node_floor() if auto else 0.0
@@ -400,7 +403,8 @@ def grow(tree: DynamicTree, draft_side: _DraftSide, scorer, groups, generator, g
         cands = []
         for x in frontier:
             top = torch.topk(nodes[x].dist, min(limits.branch, nodes[x].dist.shape[0])).values.tolist()
-            cands += [(-nodes[x].value * v, x, r) for r, v in enumerate(top) if v > 0]
+            cands += [(-(nodes[x].value * v if greedy else nodes[x].reach * acc.chance(depth, r) + 1e-9 * v), x, r)
+                      for r, v in enumerate(top) if v > 0]
         cands.sort()
         take: dict[int, int] = {}
         room, count = limits.nodes - (len(nodes) - 1), 0
@@ -409,7 +413,7 @@ def grow(tree: DynamicTree, draft_side: _DraftSide, scorer, groups, generator, g
                 break
             if take.get(x, 0) != r:  # each node's children stay a prefix of its draw order
                 continue
-            if auto and nodes[x].reach * shape.chance(depth, r) < node_floor:
+            if auto and nodes[x].reach * acc.chance(depth, r) < node_floor:
                 continue
             take[x], room, count = r + 1, room - 1, count + 1
         if not take:
@@ -422,16 +426,18 @@ def grow(tree: DynamicTree, draft_side: _DraftSide, scorer, groups, generator, g
             dist = nodes[x].dist
             children = torch.topk(dist, k).indices if greedy else draw_without_replacement(dist, k, generator)
             for r, c in enumerate(children.tolist()):
-                reach = nodes[x].reach * shape.chance(depth, r) if auto else 1.0
+                reach = nodes[x].reach * acc.chance(depth, r)
                 nodes.append(_Node(c, x, depth, r, reach, nodes[x].value * float(dist[c]), []))
                 nodes[x].children.append(len(nodes) - 1)
                 new.append(len(nodes) - 1)
         if depth == depth_max or len(nodes) - 1 >= limits.nodes:
             break
-        # the next level: decode the new nodes with the highest cumulative draft probability
-        ranked = sorted(new, key=lambda k: -nodes[k].value)[: limits.width]
+        # the next level: decode the most promising new nodes (greedy: highest cumulative draft probability; T > 0:
+        # highest estimated reach, which favours first-drawn children, then cumulative draft probability)
+        ranked = sorted(new, key=lambda k: -nodes[k].value if greedy else (-nodes[k].reach, -nodes[k].value))
+        ranked = ranked[: limits.width]
         if auto:
-            worth = {k: nodes[k].reach * shape.chance(depth + 1, 0) for k in ranked}
+            worth = {k: nodes[k].reach * acc.chance(depth + 1, 0) for k in ranked}
             ranked = [k for k in ranked if worth[k] >= node_floor]
             if not ranked or sum(worth[k] for k in ranked) < level_floor:
                 break
@@ -502,9 +508,8 @@ def dynamic_round(run, tree: DynamicTree):
                         groups, clock)
     run.stats.tree_leaves += len(nodes) - 1
     run.stats.tree_kept += sum(nodes[k].rank > 0 for k in path)
-    if tree.auto:
-        tree.shape.observe(nodes, path, levels, target.positions_fed - fed_before, target.seconds - before,
-                           side.level_seconds)
+    tree.acceptance.observe(nodes, path, levels, target.positions_fed - fed_before, target.seconds - before,
+                            side.level_seconds)
     verdict = Verdict(torch.tensor([len(path)], device=device), torch.tensor([token], device=device),
                       target.seconds - before, last_kind=last_kind)
     return proposal, verdict
