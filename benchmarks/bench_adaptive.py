@@ -4,18 +4,45 @@
 
 For each draft: tokens/s of hfspec at every fixed γ (the best one is what `hfspec sweep` would pick), of
 hfspec with gamma="auto", and of HF assisted generation with its default heuristic schedule (+2 when all
-drafts are accepted, −1 otherwise). Runs are interleaved per repeat, temperature 1, fixed length.
+drafts are accepted, −1 otherwise). Temperature 1, fixed length. The runs are timed by the benchmarks' ruler
+(`common.timed_rounds`: interleaved rounds, the order rotating, the first round a warm-up not counted, outlier
+rounds re-measured), each by the wall clock: tokens/s are medians over the kept rounds, the ratios medians of
+per-round ratios with their interval [low–high], then the rounds kept and the stability verdict.
 """
 
 from __future__ import annotations
 
-import time
-
 import torch
-from common import load, model_folders, parser, prompt_ids
+from common import (
+    load,
+    model_folders,
+    parser,
+    prompt_ids,
+    rate_ratio,
+    timed_rounds,
+    verdict_cell,
+    verdict_columns,
+    wall,
+)
 
 import hfspec
 from hfspec.sweep import parse_gammas
+
+
+def measure(target, ids, draft, assistant, gammas: list[int], args):
+    """hfspec at every fixed γ and at "auto", and HF's heuristic schedule (the baseline), timed by the ruler."""
+    n, t = args.max_new_tokens, args.temperature
+    gen = dict(temperature=t, max_new_tokens=n, min_new_tokens=n)
+
+    def ours(g):
+        return lambda r: hfspec.generate(target, ids, draft=draft, gamma=g, seed=args.seed + r, **gen)
+
+    def heuristic(r):  # timed_rounds seeds torch with seed + r before it
+        return target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=assistant,
+                               do_sample=True, temperature=t, max_new_tokens=n, min_new_tokens=n)
+
+    runs = {str(g): wall(ours(g), n) for g in gammas + ["auto"]} | {"hf": wall(heuristic, n)}
+    return timed_rounds(runs, args.repeats, args.seed, baseline="hf")
 
 
 def main() -> None:
@@ -27,16 +54,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     gammas = [g for g in parse_gammas(args.gammas) if g != "auto"]
     print("| model | draft | best fixed γ | best fixed tok/s | auto tok/s | auto / best | mean auto γ "
-          "| HF heuristic tok/s | auto / HF heuristic |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| HF heuristic tok/s | auto / HF heuristic | verdict |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, folder in model_folders(args).items():
         target, tokenizer = load(folder)
         ids = prompt_ids(tokenizer)
-        n, t = args.max_new_tokens, args.temperature
         for spec in args.drafts.split(","):
             draft = hfspec.make_draft(target, spec, target_tokenizer=tokenizer) if "/" in spec else \
                 hfspec.make_draft(target, spec)
-            gen = dict(temperature=t, max_new_tokens=n, min_new_tokens=n)
             # HF's heuristic schedule runs an HF model: the draft itself, or its HF-forward copy for a lean draft
             assistant = draft if callable(getattr(draft, "generate", None)) else \
                 hfspec.make_draft(target, spec, lean=False)
@@ -44,30 +69,15 @@ def main() -> None:
             assistant.generation_config.num_assistant_tokens_schedule = "heuristic"
             assistant.generation_config.assistant_confidence_threshold = 0.0
 
-            keys = gammas + ["auto"]
-            seconds = dict.fromkeys(keys + ["hf"], 0.0)
-            auto_gammas: list[int] = []
-            for r in range(args.repeats + 1):  # the first round warms up and is not counted
-                for g in keys:
-                    began = time.perf_counter()
-                    out = hfspec.generate(target, ids, draft=draft, gamma=g, seed=args.seed + r, **gen)
-                    if r:
-                        seconds[g] += time.perf_counter() - began
-                        if g == "auto":
-                            auto_gammas += out.stats.gamma_per_round
-                torch.manual_seed(args.seed + r)
-                began = time.perf_counter()
-                target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=assistant, do_sample=True,
-                                temperature=t, max_new_tokens=n, min_new_tokens=n)
-                took = time.perf_counter() - began
-                if r:
-                    seconds["hf"] += took
-            tps = {k: n * args.repeats / s for k, s in seconds.items()}
-            best = max(gammas, key=lambda g: tps[g])
-            print(f"| {name} | {spec} | {best} | {tps[best]:.1f} | {tps['auto']:.1f} | {tps['auto'] / tps[best]:.2f} "
-                  f"| {sum(auto_gammas) / len(auto_gammas):.1f} | {tps['hf']:.1f} | {tps['auto'] / tps['hf']:.2f}× |",
-                  flush=True)
-
+            timings = measure(target, ids, draft, assistant, gammas, args)
+            tps = {k: timings.ratio(k).tokens_per_second if k != "hf" else
+                   timings.ratio("auto").baseline_tokens_per_second for k in timings.names}
+            best = str(max(gammas, key=lambda g: tps[str(g)]))
+            auto_gammas = [g for k in timings.kept for g in k["auto"].out.stats.gamma_per_round]
+            print(f"| {name} | {spec} | {best} | {tps[best]:.1f} | {tps['auto']:.1f} "
+                  f"| {rate_ratio(timings, 'auto', best).cell()} | {sum(auto_gammas) / len(auto_gammas):.1f} "
+                  f"| {tps['hf']:.1f} | {rate_ratio(timings, 'auto', 'hf').cell(unit='×')} "
+                  f"| {verdict_cell(verdict_columns(timings))} |", flush=True)
 
 if __name__ == "__main__":
     main()

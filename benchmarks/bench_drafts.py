@@ -2,20 +2,27 @@
 
 (a) alpha against bits:  python benchmarks/bench_drafts.py alpha --model /work/shared/models/stories260K
 (b) cost and speed-up:   python benchmarks/bench_drafts.py speed --model /tmp/smollm2
-Prints markdown tables.
+Prints markdown tables. In (b) plain and speculative decoding are timed by the benchmarks' ruler
+(`common.timed_rounds`: --runs interleaved rounds, the order alternating, a warm-up round not counted, outlier
+rounds re-measured), each by the wall clock: median seconds, the median per-round speed-up with its interval,
+the rounds kept and the stability verdict.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 
-import hfspec
-from hfspec.drafts import make_draft, measure_cost
-from hfspec.quant import summary
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import interval_cell, ruler_columns, timed_rounds, verdict_cell, wall  # noqa: E402
+
+import hfspec  # noqa: E402
+from hfspec.drafts import make_draft, measure_cost  # noqa: E402
+from hfspec.quant import summary  # noqa: E402
 
 
 def load(path: str):
@@ -47,14 +54,14 @@ def bench_alpha(args) -> None:
               f"{new / passes:.2f} |", flush=True)
 
 
-def _timed(fn, repeats: int):
-    runs = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        out = fn()
-        runs.append((time.perf_counter() - began, out))
-    seconds = statistics.median(t for t, _ in runs)
-    return seconds, runs[-1][1]
+def _timed(plain, spec, tokens: int, runs: int, seed: int = 1) -> dict:
+    """Plain against speculative decoding (`plain(r)`, `spec(r)` → hfspec outputs) by the ruler: median seconds,
+    the ruler's columns, and the last kept outputs."""
+    timings = timed_rounds({"plain": wall(plain, tokens), "hfspec": wall(spec, tokens)}, runs, seed)
+    last = timings.kept[-1]
+    return {"plain_s": statistics.median(k["plain"].seconds for k in timings.kept),
+            "spec_s": statistics.median(k["hfspec"].seconds for k in timings.kept),
+            "plain": last["plain"].out, "spec": last["hfspec"].out, **ruler_columns(timings, "hfspec")}
 
 
 def bench_speed(args) -> None:
@@ -69,19 +76,22 @@ def bench_speed(args) -> None:
     print("|---|---|---|---|---|---|---|")
     print(f"| {args.spec} | {cost.target_ms:.2f} | {cost.draft_ms:.2f} | {cost.c_time:.3f} | {cost.c_bytes:.3f} | "
           f"{cost.target_bytes / 1e6:.1f} | {cost.draft_bytes / 1e6:.1f} |", flush=True)
-    print(f"\nwall clock: {args.max_new_tokens} new tokens, gamma={args.gamma}, median of {args.runs} runs\n")
-    print("| mode | plain s | hfspec s | speed-up | alpha | tokens / target pass | same text as plain |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"\nwall clock: {args.max_new_tokens} new tokens, gamma={args.gamma}, median of {args.runs} interleaved "
+          "runs after a warm-up\n")
+    print("| mode | plain s | hfspec s | speed-up | interval | alpha | tokens / target pass | same text as plain "
+          "| verdict |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for label, temperature in (("greedy", 0.0), ("T=1", 1.0)):
         common = {"temperature": temperature, "max_new_tokens": args.max_new_tokens, "seed": 1,
                   "min_new_tokens": args.max_new_tokens}
-        plain_s, plain = _timed(lambda c=common: hfspec.plain_generate(target, prompt, **c), args.runs)
-        spec_s, spec = _timed(lambda c=common: hfspec.generate(target, prompt, draft=draft, gamma=args.gamma, **c),
-                              args.runs)
+        r = _timed(lambda _, c=common: hfspec.plain_generate(target, prompt, **c),
+                   lambda _, c=common: hfspec.generate(target, prompt, draft=draft, gamma=args.gamma, **c),
+                   args.max_new_tokens, args.runs)
+        plain, spec = r["plain"], r["spec"]
         same = "yes" if torch.equal(plain.sequences, spec.sequences) else "no (sampled)"
-        print(f"| {label} | {plain_s:.2f} | {spec_s:.2f} | {plain_s / spec_s:.2f}x | {spec.stats.alpha:.3f} | "
-              f"{spec.stats.tokens_per_pass:.2f} | {same} |", flush=True)
-
+        print(f"| {label} | {r['plain_s']:.2f} | {r['spec_s']:.2f} | {r['vs_plain']:.2f}x | {interval_cell(r)} "
+              f"| {spec.stats.alpha:.3f} | {spec.stats.tokens_per_pass:.2f} | {same} | {verdict_cell(r)} |",
+              flush=True)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -104,7 +114,7 @@ def main() -> None:
     speed.add_argument("--repeats", type=int, default=20)
     speed.add_argument("--gamma", type=int, default=4)
     speed.add_argument("--max-new-tokens", type=int, default=64)
-    speed.add_argument("--runs", type=int, default=1)
+    speed.add_argument("--runs", type=int, default=3, help="interleaved (plain, hfspec) rounds after a warm-up")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     {"alpha": bench_alpha, "speed": bench_speed}[args.bench](args)

@@ -9,17 +9,19 @@ Methods (all compute x @ W.T for a weight W [N, K]; the ratio is to the fp32 F.l
   MKL prepacked      torch.ops.mkl._mkl_linear over a weight packed for M rows (what inductor's freezing uses)
   oneDNN prepacked   torch.ops.mkldnn._linear_pointwise over a weight reordered to oneDNN's blocked layout
   F.linear bf16      the same layer in bf16 (oneDNN), for comparison
-Both prepacked forms hold a second full copy of the weight. Methods are interleaved per repeat; medians.
+Both prepacked forms hold a second full copy of the weight. Per M the methods and the fp32 F.linear of the first
+M are timed by the benchmarks' one operator timer (`common.time_operators`: interleaved rounds, the order
+rotating, two warm-up rounds not counted, outlier rounds re-measured): median ms, the median per-round ratio with
+its interval [low–high], then the rounds kept and the stability verdict of that row.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
+from common import op_ms, time_operators, time_ratio, verdict_cell, verdict_columns
 
 
 def methods(w: torch.Tensor, m: int) -> dict:
@@ -49,29 +51,27 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=30)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"threads {args.threads}, median of {args.repeats} interleaved calls; ms (ratio to fp32 F.linear of 1 row)\n")
+    print(f"threads {args.threads}, median of {args.repeats} interleaved calls; ms (median per-round ratio to fp32 "
+          "F.linear of the first M [interval])\n")
     for shape in args.shapes.split(","):
         n, k = (int(v) for v in shape.split("x"))
         w = torch.randn(n, k) * 0.02
         rows = [int(m) for m in args.rows.split(",")]
-        fns = {(m, name): fn for m in rows for name, fn in methods(w, m).items()}
-        for fn in fns.values():
-            fn()
-        samples = {key: [] for key in fns}
-        for _ in range(args.repeats):
-            for key, fn in fns.items():
-                began = time.perf_counter()
-                fn()
-                samples[key].append(time.perf_counter() - began)
-        ms = {key: statistics.median(v) * 1e3 for key, v in samples.items()}
-        names = list(dict.fromkeys(name for _, name in fns))
-        one = ms[(rows[0], "F.linear fp32")]
-        print(f"W {n}x{k}\n\n| M | " + " | ".join(names) + " |\n" + "|---" * (len(names) + 1) + "|")
+        base = methods(w, rows[0])["F.linear fp32"]
+        names, lines = [], []
         for m in rows:
-            cells = [f"{ms[(m, name)]:.2f} ({ms[(m, name)] / one:.2f})" if (m, name) in ms else "–" for name in names]
-            print(f"| {m} | " + " | ".join(cells) + " |")
+            fns = {f"{name} M={m}": fn for name, fn in methods(w, m).items()}
+            one = f"F.linear fp32 M={rows[0]}"
+            fns.setdefault(one, base)  # the reference, timed in the same rounds as this row
+            timings = time_operators(fns, args.repeats, baseline=one)
+            names += [name for name in methods(w, m) if name not in names]
+            cells = {name: f"{op_ms(timings, key).median:.2f} ({time_ratio(timings, key, one).cell()})"
+                     for name in names if (key := f"{name} M={m}") in fns}
+            lines.append((m, cells, verdict_cell(verdict_columns(timings))))
+        print(f"W {n}x{k}\n\n| M | " + " | ".join(names) + " | verdict |\n" + "|---" * (len(names) + 2) + "|")
+        for m, cells, verdict in lines:
+            print(f"| {m} | " + " | ".join(cells.get(name, "–") for name in names) + f" | {verdict} |")
         print()
-
 
 if __name__ == "__main__":
     main()

@@ -8,17 +8,27 @@ prompt, beside plain `generate`.
 Per model, dtype and temperature the methods run interleaved per repeat (repeat 0 a warm-up, not counted; each
 repeat its own seed): plain `generate`, then the draft with each head setting at a fixed γ and at γ "auto".
 Reported: α, tokens per target pass, draft milliseconds per forward, tokens/s and the ratio to plain `generate`
-(medians over repeats), and the fidelity (mean Σ min(p, q)) on the target's own greedy probe text. A markdown
+(medians over repeats, timed by the ruler through `common.against_plain`) with its interval, the pairs kept and
+the stability verdict, and the fidelity (mean Σ min(p, q)) on the target's own greedy probe text. A markdown
 table goes to stdout and, with --out, to OUT.md beside OUT.json.
 """
 
 from __future__ import annotations
 
 import os
-import time
 
 import torch
-from common import against_plain, load, model_folders, parser, prompt_ids, write_results
+from common import (
+    Stopwatch,
+    against_plain,
+    interval_cell,
+    load,
+    model_folders,
+    parser,
+    prompt_ids,
+    verdict_cell,
+    write_results,
+)
 
 import hfspec
 from hfspec.drafts.fidelity import fidelity, probe_ids
@@ -42,10 +52,10 @@ def main() -> None:
     lines = [f"<!-- threads {args.threads}, {args.max_new_tokens} tokens, draft {args.draft}, median of "
              f"{args.repeats} interleaved repeats after a warm-up; load average at start {os.getloadavg()[0]:.2f} -->",
              "| model | dtype | T | γ | head_top | fidelity | α | tokens/pass | draft ms/forward | tok/s | vs plain "
-             "generate |", "|" + "---|" * 11]
+             "generate | interval | verdict |", "|" + "---|" * 13]
     print("\n".join(lines), flush=True)
     rows = []
-    began_all = time.perf_counter()
+    watch = Stopwatch()  # the whole script, one-shot
     n = args.max_new_tokens
     for name, folder in model_folders(args).items():
         for dtype in (["float32"] if name == "micro" else args.dtypes.split(",")):
@@ -63,11 +73,11 @@ def main() -> None:
                     rows.append(row)
                     line = (f"| {name} | {dtype} | {t:g} | {m[0]} | {'default' if m[1] is None else m[1]} | {row['fidelity']:.3f} | {row['alpha']:.3f} "
                             f"| {row['tokens_per_pass']:.2f} | {row['draft_ms_per_forward']:.2f} | {row['tok_s']:.1f} "
-                            f"| {row['vs_plain']:.2f}× |")
+                            f"| {row['vs_plain']:.2f}× | {interval_cell(row)} | {verdict_cell(row)} |")
                     lines.append(line)
                     print(line, flush=True)
             del target, drafts
-    tail = (f"<!-- {time.perf_counter() - began_all:.0f} s; load average at the end {os.getloadavg()[0]:.2f} -->")
+    tail = (f"<!-- {watch.seconds:.0f} s; load average at the end {os.getloadavg()[0]:.2f} -->")
     lines.append(tail)
     print(tail)
     write_results(args.out, lines, rows)

@@ -7,20 +7,21 @@
 Four methods on the same prompt (`--prompts`: "edit", a docstring then the start of an edited copy of it;
 "repeat", the docstring three times then its start again; or any text), each producing exactly
 max_new_tokens (EOS suppressed): hfspec lookup, hfspec plain, HF plain `generate`, HF `generate` with
-`prompt_lookup_num_tokens=γ, max_matching_ngram_size=N`. Repeats are interleaved (the order rotates each
-repeat; the first repeat warms up and is not counted). Target forwards are counted with a hook, so tokens per
-target pass compares the two lookups directly. Only meaningful on a quiet machine.
+`prompt_lookup_num_tokens=γ, max_matching_ngram_size=N`. They are timed by the benchmarks' ruler
+(`common.timed_rounds`: interleaved rounds, the order rotating, the first round a warm-up not counted, outlier
+rounds re-measured), each by the wall clock: tokens/s are medians over the kept rounds, the ratios medians of
+per-round ratios with their interval, then the rounds kept and the stability verdict. Target forwards are
+counted with a hook, so tokens per target pass compares the two lookups directly. Only meaningful on a quiet
+machine.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
-import time
 from pathlib import Path
 
 import torch
-from common import load, model_folders, parser
+from common import load, model_folders, parser, rate_ratio, timed_rounds, verdict_cell, verdict_columns, wall
 
 import hfspec
 
@@ -69,34 +70,37 @@ def run_once(method: str, target, draft, ids, n: int, temperature: float, gamma:
 
 def measure(target, draft, ids, n, temperature, gamma, ngram, repeats, seed) -> dict:
     counter = ForwardCounter(target)
-    seconds = {m: [] for m in METHODS}
-    passes = dict.fromkeys(METHODS, 0)
-    outputs, stats = {}, None
-    for r in range(repeats + 1):  # repeat 0 warms up
-        order = METHODS[r % len(METHODS):] + METHODS[:r % len(METHODS)]
-        for method in order:
+
+    def method_run(method):
+        def run(r):
             counter.calls = 0
-            began = time.perf_counter()
             tokens, run_stats = run_once(method, target, draft, ids, n, temperature, gamma, ngram, seed + r)
-            took = time.perf_counter() - began
-            if r:
-                seconds[method].append(took)
-                passes[method] += counter.calls
-                if method == "hfspec lookup":
-                    stats = run_stats if stats is None else stats.merge(run_stats)
-            outputs.setdefault(method, tokens.tolist())
+            return tokens, run_stats, counter.calls
+        return wall(run, n)
+
+    timings = timed_rounds({m: method_run(m) for m in METHODS}, repeats, seed, baseline="HF plain")
     counter.handle.remove()
-    tps = {m: n / statistics.median(s) for m, s in seconds.items()}
+    kept = timings.kept
+    stats = None
+    for k in kept:
+        run_stats = k["hfspec lookup"].out[1]
+        stats = run_stats if stats is None else stats.merge(run_stats)
+    outputs = {m: kept[0][m].out[0].tolist() for m in METHODS}
+    vs_hf = {m: rate_ratio(timings, m, "HF plain") for m in METHODS}
+    vs_ours = {m: rate_ratio(timings, m, "hfspec plain") for m in METHODS}
     result = {
         "temperature": temperature, "gamma": gamma, "ngram": ngram, "new_tokens": n, "repeats": repeats,
         "prompt_tokens": ids.shape[1],
-        "tokens_per_second": tps,
-        "seconds": seconds,
-        "tokens_per_target_pass": {m: n * repeats / passes[m] for m in METHODS},
-        "ratio_vs_hf_plain": {m: tps[m] / tps["HF plain"] for m in METHODS},
-        "ratio_vs_hfspec_plain": {m: tps[m] / tps["hfspec plain"] for m in METHODS},
+        "tokens_per_second": {m: timings.ratio(m).tokens_per_second for m in METHODS},
+        "seconds": {m: [k[m].seconds for k in kept] for m in METHODS},
+        "tokens_per_target_pass": {m: n * len(kept) / sum(k[m].out[2] for k in kept) for m in METHODS},
+        "ratio_vs_hf_plain": {m: r.median for m, r in vs_hf.items()},
+        "ratio_vs_hf_plain_interval": {m: (r.low, r.high) for m, r in vs_hf.items()},
+        "ratio_vs_hfspec_plain": {m: r.median for m, r in vs_ours.items()},
+        "ratio_vs_hfspec_plain_interval": {m: (r.low, r.high) for m, r in vs_ours.items()},
         "hfspec_lookup": {"alpha": stats.alpha, "mean_gamma": stats.mean_gamma, "accepted": stats.accepted,
                           "checked": stats.checked},
+        **verdict_columns(timings),
     }
     if temperature == 0:  # greedy: every method must write the same tokens
         result["greedy_identical"] = all(outputs[m] == outputs["HF plain"] for m in METHODS)
@@ -116,8 +120,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     prompts = {name: PROMPTS.get(name, name) for name in args.prompts.split(",")}
     results = {"threads": args.threads, "torch": torch.__version__, "prompts": prompts, "runs": []}
-    print("| model | prompt | T | method | tok/s | vs HF plain | vs hfspec plain | tokens per target pass |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| model | prompt | T | method | tok/s | vs HF plain | vs hfspec plain | tokens per target pass | verdict |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, folder in model_folders(args).items():
         target, tokenizer = load(folder)
         draft = hfspec.make_draft(target, f"lookup-n{args.ngram}")
@@ -129,9 +133,12 @@ def main() -> None:
                 results["runs"].append({"model": name, "prompt": label[:40]} | row)
                 where = f"{name} | {label[:20]} | {temperature:g}"
                 for m in METHODS:
+                    low, high = row["ratio_vs_hf_plain_interval"][m]
+                    low2, high2 = row["ratio_vs_hfspec_plain_interval"][m]
                     print(f"| {where} | {m} | {row['tokens_per_second'][m]:.1f} | "
-                          f"{row['ratio_vs_hf_plain'][m]:.2f}× | {row['ratio_vs_hfspec_plain'][m]:.2f}× | "
-                          f"{row['tokens_per_target_pass'][m]:.2f} |", flush=True)
+                          f"{row['ratio_vs_hf_plain'][m]:.2f}× [{low:.2f}–{high:.2f}] | "
+                          f"{row['ratio_vs_hfspec_plain'][m]:.2f}× [{low2:.2f}–{high2:.2f}] | "
+                          f"{row['tokens_per_target_pass'][m]:.2f} | {verdict_cell(row)} |", flush=True)
                 look = row["hfspec_lookup"]
                 print(f"<!-- {where}: hfspec lookup α {look['alpha']:.3f}, mean γ {look['mean_gamma']:.2f}; "
                       f"greedy identical: {row.get('greedy_identical', 'n/a')} -->")

@@ -8,6 +8,9 @@ Per shape and dtype, in a fresh subprocess (so peak memory and threads do not le
   target step       the target's HF forward over 1 token on a warm cache of --context tokens (ms, median)
   verify / step     its forward over γ + 1 tokens (the verify pass) over the one-token step
   c lean, compiled  the rtn4 draft's lean one-token step (and the compiled one) over the target step
+                    (the steps timed by the benchmarks' one operator timer, `common.time_operators`: interleaved
+                    rounds, two warm-up rounds not counted, outlier rounds re-measured; ratios are medians of
+                    per-round ratios with their interval [low–high]; "steps verdict" is the ruler's verdict)
   build, compile    seconds to build the rtn4 draft, and to compile its step the first time (a fresh inductor
                     cache folder per case, so it is the first-time cost a user pays once)
   memory            resident memory (VmRSS / VmHWM, whole process, so it includes the interpreter's ~0.4 GB)
@@ -20,6 +23,8 @@ Per shape and dtype, in a fresh subprocess (so peak memory and threads do not le
                     prompt: tokens/s and their ratio. α on random weights means nothing (their distributions are
                     near-uniform noise, so what the draft agrees on says nothing about a trained model): this
                     column checks that the whole path runs at that size and what it costs, not the speed-up
+                    (timed by the ruler, `common.timed_rounds`: a warm-up round not counted, --e2e-repeats
+                    interleaved rounds, wall clock; "e2e verdict" is its verdict)
 Weights are random (normal, std 0.02; norms 1): cost depends on shapes, not values. The α used for the
 prediction is the one measured on the real SmolLM2-135M-Instruct with its rtn4 draft (greedy, γ 4; README's
 speed-up table: 0.924), passed with --alpha.
@@ -34,12 +39,21 @@ import datetime
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from common import (
+    Stopwatch,
+    op_ms,
+    time_operators,
+    time_ratio,
+    timed_rounds,
+    verdict_cell,
+    verdict_columns,
+    wall,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SHAPES_FILE = REPO.parent / "shared" / "models" / "shapes.json"
@@ -83,6 +97,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help=f"acceptance rate for the prediction (default {ALPHA_SMOLLM2}: measured on the real "
                         "SmolLM2-135M with rtn4, greedy, γ 4)")
     p.add_argument("--e2e-tokens", type=int, default=32, help="new tokens of the end-to-end decode (0: skip)")
+    p.add_argument("--e2e-repeats", type=int, default=1,
+                   help="interleaved (plain, hfspec) end-to-end rounds after a warm-up round")
     p.add_argument("--no-compile", action="store_true", help="skip the compiled draft step (its columns stay empty)")
     p.add_argument("--compile-dtypes", default="bf16",
                    help="dtypes whose compiled step is built and timed (first compiles take 15-60 s each)")
@@ -172,16 +188,16 @@ def measure(args, name: str, shape: dict, dtype_name: str) -> dict:
     torch.set_num_threads(args.threads)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
     out = {"shape": name, "dtype": dtype_name, "threads": args.threads, "gamma": args.gamma, "alpha": args.alpha}
-    began = time.perf_counter()
+    watch = Stopwatch()
     target = random_model(shape, dtype)
-    out["target_build_s"] = time.perf_counter() - began
+    out["target_build_s"] = watch.seconds
     out["params_b"] = sum(p.numel() for p in target.parameters()) / 1e9
     out["target_gb"] = weight_bytes(target) / 1e9
     out["rss_target_gb"] = _memory("VmRSS") / 1e9
     _reset_peak()
-    began = time.perf_counter()
+    watch = Stopwatch()
     lean = hfspec.make_draft(target, "rtn4")
-    out["draft_build_s"] = time.perf_counter() - began
+    out["draft_build_s"] = watch.seconds
     out["peak_with_draft_gb"] = _memory("VmHWM") / 1e9
     out["peak_ratio"] = out["peak_with_draft_gb"] / out["rss_target_gb"]
     out["draft_bytes_ratio"] = weight_bytes(lean) / weight_bytes(target)
@@ -194,9 +210,9 @@ def measure(args, name: str, shape: dict, dtype_name: str) -> dict:
         with tempfile.TemporaryDirectory() as folder:
             os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
             compiled_module.COMPILE_DIR = Path(folder)  # a fresh folder: the first-time compile
-            began = time.perf_counter()
+            watch = Stopwatch()
             compiled = hfspec.make_draft(target, "rtn4-compiled")
-            out["compiled_build_s"] = time.perf_counter() - began
+            out["compiled_build_s"] = watch.seconds
             out["compile_s"] = compiled.compiled_step.seconds if compiled.compiled_step else None
             out["compiled_path"] = hfspec.drafts.describe(compiled)["step"]
     ids = torch.randint(2, shape["vocab_size"], (1, args.context + args.gamma + 1),
@@ -206,19 +222,15 @@ def measure(args, name: str, shape: dict, dtype_name: str) -> dict:
               "lean": step_timer(lean, ids, args.context, 1)}
     if compiled is not None and compiled.compiled_step is not None:
         timers["compiled"] = step_timer(compiled, ids, args.context, 1)
-    for timer in timers.values():
-        timer()  # warm-up
-    samples = {k: [] for k in timers}
-    for _ in range(args.repeats):
-        for k, timer in timers.items():
-            samples[k].append(timer())
-    ms = {k: statistics.median(v) * 1e3 for k, v in samples.items()}
-    out.update({f"{k}_ms": v for k, v in ms.items()})
-    out["verify_ratio"] = ms["verify"] / ms["step"]
+    timings = time_operators(timers, args.repeats, baseline="step")
+    out.update({f"{k}_ms": op_ms(timings, k).median for k in timers})
+    ratio = {k: time_ratio(timings, k, "step") for k in timers if k != "step"}
+    out["verify_ratio"], out["verify_ratio_low"], out["verify_ratio_high"] = ratio["verify"]
+    out.update({f"steps_{k}": v for k, v in verdict_columns(timings).items()})
     tokens = expected_tokens_per_pass(args.alpha, args.gamma)
     for kind in ("lean", "compiled"):
-        if kind in ms:
-            out[f"c_{kind}"] = ms[kind] / ms["step"]
+        if kind in ratio:
+            out[f"c_{kind}"], out[f"c_{kind}_low"], out[f"c_{kind}_high"] = ratio[kind]
             out[f"predicted_{kind}"] = tokens / (out["verify_ratio"] + args.gamma * out[f"c_{kind}"])
     if dtype_name == "fp32" and not args.no_prepack:
         out.update(prepacked(args, target, ids, out, tokens))
@@ -238,16 +250,12 @@ def prepacked(args, target, ids, out: dict, tokens: float) -> dict:
     try:
         timers = {"step": step_timer(target, ids, args.context, 1),
                   "verify": step_timer(target, ids, args.context, args.gamma + 1)}
-        for timer in timers.values():
-            timer()
-        samples = {k: [] for k in timers}
-        for _ in range(args.repeats):
-            for k, timer in timers.items():
-                samples[k].append(timer())
-        ratio = statistics.median(samples["verify"]) / statistics.median(samples["step"])
+        timings = time_operators(timers, args.repeats, baseline="step")
+        ratio, low, high = time_ratio(timings, "verify", "step")
     finally:
         fast_linear.unprepack(target)
-    row = {"prepacked_gb": added / 1e9, "verify_ratio_prepacked": ratio}
+    row = {"prepacked_gb": added / 1e9, "verify_ratio_prepacked": ratio, "verify_ratio_prepacked_low": low,
+           "verify_ratio_prepacked_high": high, **{f"prepacked_{k}": v for k, v in verdict_columns(timings).items()}}
     for kind in ("lean", "compiled"):
         if f"c_{kind}" in out:
             row[f"predicted_{kind}_prepacked"] = tokens / (ratio + args.gamma * out[f"c_{kind}"])
@@ -262,16 +270,21 @@ def end_to_end(args, target, draft, shape: dict) -> dict:
     prompt = torch.randint(2, shape["vocab_size"], (1, 16), generator=torch.Generator().manual_seed(2))
     n = args.e2e_tokens
     kwargs = dict(max_new_tokens=n, do_sample=False)  # no EOS in these configs: every run makes n tokens
-    with torch.no_grad():
-        began = time.perf_counter()
-        target.generate(prompt, **kwargs)
-        plain = time.perf_counter() - began
-        began = time.perf_counter()
-        out = hfspec.generate(target, prompt, draft=draft, gamma=args.gamma, **kwargs)
-        spec = time.perf_counter() - began
-    stats = out.stats
-    return {"e2e_tokens": n, "e2e_plain_tok_s": n / plain, "e2e_spec_tok_s": stats.new_tokens / spec,
-            "e2e_speedup": (stats.new_tokens / spec) / (n / plain), "e2e_alpha_random_weights": stats.alpha}
+    def plain(r):
+        with torch.no_grad():
+            return target.generate(prompt, **kwargs)
+
+    def spec(r):
+        with torch.no_grad():
+            return hfspec.generate(target, prompt, draft=draft, gamma=args.gamma, **kwargs)
+
+    timings = timed_rounds({"plain": wall(plain, n), "hfspec": wall(spec, lambda out: out.stats.new_tokens)},
+                           args.e2e_repeats, seed=0)
+    r = timings.ratio("hfspec")
+    stats = timings.kept[-1]["hfspec"].out.stats
+    return {"e2e_tokens": n, "e2e_plain_tok_s": r.baseline_tokens_per_second, "e2e_spec_tok_s": r.tokens_per_second,
+            "e2e_speedup": r.median, "e2e_speedup_low": r.low, "e2e_speedup_high": r.high,
+            "e2e_alpha_random_weights": stats.alpha, **{f"e2e_{k}": v for k, v in verdict_columns(timings).items()}}
 
 
 # ------------------------------------------------------------------------------------------------ table
@@ -279,28 +292,43 @@ def _f(value, fmt: str) -> str:
     return "–" if value is None else format(value, fmt)
 
 
+def _iv(row: dict, key: str) -> str:
+    """"1.23 [1.10–1.40]" from row[key] and its _low/_high ("–" when absent)."""
+    if row.get(key) is None:
+        return "–"
+    low, high = row.get(f"{key}_low"), row.get(f"{key}_high")
+    return f"{row[key]:.2f}" + ("" if low is None or high is None else f" [{low:.2f}–{high:.2f}]")
+
+
+def _verdict(row: dict, prefix: str) -> str:
+    if f"{prefix}stable" not in row:
+        return "–"
+    return verdict_cell({k: row.get(prefix + k) for k in ("pairs", "stable", "warnings", "flags")})
+
+
 def table(rows: list[dict], args) -> str:
     head = (f"threads {args.threads}, context {args.context}, γ {args.gamma}, median of {args.repeats} interleaved "
-            f"steps; predicted at α {args.alpha} (real SmolLM2-135M, rtn4); end to end on random weights "
+            f"steps after two warm-up rounds (ratios: median of per-round ratios [interval]); predicted at α {args.alpha} (real SmolLM2-135M, rtn4); end to end on random weights "
             f"(α there means nothing)\n\n"
             "| shape | dtype | params (B) | target step ms | verify / step | c lean | c compiled | predicted lean "
             "| predicted compiled | verify / step prepacked | predicted lean prepacked | draft build s "
-            "| first compile s | draft bytes / target | RSS target GB | peak +draft GB | peak ratio | e2e plain tok/s "
-            "| e2e hfspec tok/s |\n" + "|---" * 19 + "|\n")
+            "| first compile s | draft bytes / target | RSS target GB | peak +draft GB | peak ratio | steps verdict "
+            "| e2e plain tok/s | e2e hfspec tok/s | e2e × | e2e verdict |\n" + "|---" * 22 + "|\n")
     lines = []
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['shape']} | {r['dtype']} | failed: {r['error']} |" + " |" * 16)
+            lines.append(f"| {r['shape']} | {r['dtype']} | failed: {r['error']} |" + " |" * 19)
             continue
         lines.append(
-            f"| {r['shape']} | {r['dtype']} | {r['params_b']:.2f} | {r['step_ms']:.1f} | {r['verify_ratio']:.2f} "
-            f"| {r['c_lean']:.2f} | {_f(r.get('c_compiled'), '.2f')} | {r['predicted_lean']:.2f}× "
+            f"| {r['shape']} | {r['dtype']} | {r['params_b']:.2f} | {r['step_ms']:.1f} | {_iv(r, 'verify_ratio')} "
+            f"| {_iv(r, 'c_lean')} | {_iv(r, 'c_compiled')} | {r['predicted_lean']:.2f}× "
             f"| {_f(r.get('predicted_compiled'), '.2f')}{'×' if r.get('predicted_compiled') else ''} "
-            f"| {_f(r.get('verify_ratio_prepacked'), '.2f')} | {_f(r.get('predicted_lean_prepacked'), '.2f')}"
+            f"| {_iv(r, 'verify_ratio_prepacked')} | {_f(r.get('predicted_lean_prepacked'), '.2f')}"
             f"{'×' if r.get('predicted_lean_prepacked') else ''} "
             f"| {r['draft_build_s']:.1f} | {_f(r.get('compile_s'), '.0f')} | {r['draft_bytes_ratio']:.3f} "
             f"| {r['rss_target_gb']:.2f} | {r['peak_with_draft_gb']:.2f} | {r['peak_ratio']:.2f} "
-            f"| {_f(r.get('e2e_plain_tok_s'), '.1f')} | {_f(r.get('e2e_spec_tok_s'), '.1f')} |")
+            f"| {_verdict(r, 'steps_')} | {_f(r.get('e2e_plain_tok_s'), '.1f')} | {_f(r.get('e2e_spec_tok_s'), '.1f')} "
+            f"| {_iv(r, 'e2e_speedup')} | {_verdict(r, 'e2e_')} |")
     return head + "\n".join(lines) + "\n"
 
 
@@ -324,7 +352,7 @@ def main(argv=None) -> None:
             cmd = [sys.executable, __file__, "--worker", f"{name}:{dtype}", *_forwarded(argv)]
             env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), HF_HUB_OFFLINE="1",
                        PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-            began = time.perf_counter()
+            watch = Stopwatch()  # the whole case, one-shot: it compares nothing
             done = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if done.returncode != 0:
                 why = (done.stderr.strip().splitlines() or ["?"])[-1][:200]
@@ -332,7 +360,7 @@ def main(argv=None) -> None:
                 rows.append({"shape": name, "dtype": dtype, "error": why})
                 continue
             row = json.loads(done.stdout.strip().splitlines()[-1])
-            row["case_s"] = time.perf_counter() - began
+            row["case_s"] = watch.seconds
             print(f"# {name} {dtype}: {row['case_s']:.0f} s", file=sys.stderr, flush=True)
             rows.append(row)
     text = table(rows, args)

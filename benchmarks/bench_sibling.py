@@ -5,10 +5,14 @@
     python benchmarks/bench_sibling.py --pairs micro-nano --repeats 5   # the embedded pair only
 
 Per pair and dtype: one decode step on a warm cache of `--context` tokens for the target (1 token and γ + 1),
-the sibling's HF forward and its lean step (methods interleaved, medians), c = sibling step / target step, and
-the speed-up the cost model's round price predicts at the α given (E[tokens] / (verify + γ·c)). For the
-embedded micro/nano pair (real weights) also end to end: `hfspec.generate` with the sibling's lean step and
-with its HF forward (`hfspec_lean_step = False`) beside plain `generate`, interleaved, median of `--repeats`.
+the sibling's HF forward and its lean step, timed by the benchmarks' one operator timer (`common.time_operators`:
+interleaved rounds, the order rotating, two warm-up rounds not counted, outlier rounds re-measured; median ms),
+c = sibling step / target step (median per-round ratio [interval]), and the speed-up the cost model's round
+price predicts at the α given (E[tokens] / (verify + γ·c)). For the embedded micro/nano pair (real weights) also
+end to end: `hfspec.generate` with the sibling's lean step and with its HF forward (`hfspec_lean_step = False`)
+beside plain `generate`, timed by the ruler (`common.timed_rounds`: interleaved, a warm-up round not counted,
+`--repeats` kept rounds, wall clock), median per-round speed-ups over plain [interval]. The last columns give the
+rounds kept and the stability verdict of the steps and of the end-to-end runs.
 Shape pairs use random weights of the real shapes (../shared/models/shapes.json, or bench_scale's built-in
 copy): cost depends on shapes, not values, and α on random weights means nothing, so the α used is `--alpha`.
 """
@@ -17,14 +21,22 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 from bench_scale import DEFAULT_SHAPES_FILE, load_shapes, random_model
 from bench_steps import step_timer
+from common import (
+    Interval,
+    op_ms,
+    time_operators,
+    time_ratio,
+    timed_rounds,
+    verdict_cell,
+    verdict_columns,
+    wall,
+)
 
 import hfspec
 from hfspec.costmodel import expected_tokens
@@ -54,6 +66,8 @@ def predicted(alpha: float, gamma: int, verify: float, c: float) -> float:
 
 
 def step_costs(args, target, sibling) -> dict:
+    """Milliseconds per step (median) of the target (1 token: t1, γ + 1: tv), the sibling's HF forward (hf) and
+    its lean step (lean); the ratios to t1 as intervals (`ratio`); the verdict (`verdict`)."""
     vocab = target.config.vocab_size
     ids = torch.randint(0, vocab, (1, args.context + args.gamma + 1), generator=torch.Generator().manual_seed(0))
     lean = lean_step_of(sibling)
@@ -61,34 +75,41 @@ def step_costs(args, target, sibling) -> dict:
         raise SystemExit(f"{type(sibling).__name__}: no lean step for this sibling")
     timers = {"t1": step_timer(target, ids, args.context, 1), "tv": step_timer(target, ids, args.context, args.gamma + 1),
               "hf": step_timer(sibling, ids, args.context, 1), "lean": step_timer(lean, ids, args.context, 1)}
-    for t in timers.values():
-        t(), t()
-    samples = {k: [] for k in timers}
-    for _ in range(args.steps):
-        for k, t in timers.items():
-            samples[k].append(t())
-    return {k: statistics.median(v) * 1e3 for k, v in samples.items()}
+    timings = time_operators(timers, args.steps, baseline="t1")
+    out = {k: op_ms(timings, k).median for k in timers}
+    out["ratio"] = {k: time_ratio(timings, k, "t1") for k in ("tv", "hf", "lean")}
+    out["verdict"] = verdict_columns(timings)
+    return out
 
 
 def end_to_end(args, target, sibling, ids) -> dict:
-    kw = dict(max_new_tokens=96, min_new_tokens=96)
-    sample = dict(temperature=1.0, seed=21)
-    times = {"plain": [], "lean": [], "hf": []}
-    stats = {}
-    for _ in range(args.repeats):
-        began = time.perf_counter()
-        torch.manual_seed(21)
-        target.generate(ids, do_sample=True, temperature=1.0, top_k=0, **kw)
-        times["plain"].append(time.perf_counter() - began)
-        for method in ("lean", "hf"):
+    """{method: (median per-round speed-up over plain `generate` as an Interval, pooled stats)}, and the verdict."""
+    n = 96
+    kw = dict(max_new_tokens=n, min_new_tokens=n)
+
+    def plain(r):  # timed_rounds seeds torch with 21 + r before it
+        return target.generate(ids, do_sample=True, temperature=1.0, top_k=0, **kw)
+
+    def ours(method):
+        def run(r):
             sibling.hfspec_lean_step = method == "lean"
-            began = time.perf_counter()
-            out = hfspec.generate(target, ids, draft=sibling, gamma=args.gamma, **sample, **kw)
-            times[method].append(time.perf_counter() - began)
-            stats[method] = out.stats
-    sibling.hfspec_lean_step = True
-    plain = statistics.median(times["plain"])
-    return {m: (plain / statistics.median(times[m]), stats[m]) for m in ("lean", "hf")}
+            return hfspec.generate(target, ids, draft=sibling, gamma=args.gamma, temperature=1.0, seed=21 + r, **kw)
+        return run
+
+    try:
+        timings = timed_rounds({"plain": wall(plain, n), "lean": wall(ours("lean"), n), "hf": wall(ours("hf"), n)},
+                               args.repeats, 21)
+    finally:
+        sibling.hfspec_lean_step = True
+    out = {}
+    for m in ("lean", "hf"):
+        stats = None
+        for k in timings.kept:
+            stats = k[m].out.stats if stats is None else stats.merge(k[m].out.stats)
+        r = timings.ratio(m)
+        out[m] = (Interval(r.median, r.low, r.high), stats)
+    out["verdict"] = verdict_columns(timings)
+    return out
 
 
 def main(argv=None) -> None:
@@ -97,16 +118,18 @@ def main(argv=None) -> None:
     shapes, source = load_shapes(args.shapes_file)
     load = f"{os.getloadavg()[0]:.2f}"
     print(f"<!-- threads {args.threads}, context {args.context}, γ {args.gamma}, median of {args.steps} interleaved "
-          f"steps; shapes from {source}; load average at start {load} -->")
+          f"steps after two warm-up rounds; ratios: median of per-round ratios [interval]; shapes from {source}; "
+          f"load average at start {load} -->")
     print("| pair | dtype | target 1 token ms | verify / step | sibling HF forward ms | c (HF) | sibling lean ms "
-          "| c (lean) | predicted × HF → lean (α) | end to end × HF → lean (α measured) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| c (lean) | predicted × HF → lean (α) | steps verdict | end to end × HF → lean (α measured) "
+          "| end-to-end verdict |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for pair in args.pairs.split(","):
         if pair not in PAIRS:
             raise SystemExit(f"--pairs: unknown {pair!r}; allowed: {', '.join(PAIRS)}")
         for dtype_name in args.dtypes.split(","):
             dtype = getattr(torch, dtype_name)
-            ids, alpha, e2e = None, args.alpha, "–"
+            ids, alpha, e2e, e2e_verdict = None, args.alpha, "–", "–"
             if PAIRS[pair] is None:
                 from transformers import AutoModelForCausalLM, AutoTokenizer
                 folder = REPO / "presets" / "models"
@@ -117,15 +140,19 @@ def main(argv=None) -> None:
                 big, small = PAIRS[pair]
                 target, sibling = random_model(shapes[big], dtype), random_model(shapes[small], dtype)
             ms = step_costs(args, target, sibling)
-            verify, c_hf, c_lean = ms["tv"] / ms["t1"], ms["hf"] / ms["t1"], ms["lean"] / ms["t1"]
+            ratio = ms["ratio"]
+            verify, c_hf, c_lean = ratio["tv"].median, ratio["hf"].median, ratio["lean"].median
             if ids is not None:
                 runs = end_to_end(args, target, sibling, ids)
                 s = runs["lean"][1]
                 alpha = s.accepted / max(1, s.checked)
-                e2e = f"{runs['hf'][0]:.2f} → {runs['lean'][0]:.2f} ({alpha:.2f})"
-            print(f"| {pair} | {dtype_name} | {ms['t1']:.1f} | {verify:.2f} | {ms['hf']:.2f} | {c_hf:.2f} "
-                  f"| {ms['lean']:.2f} | {c_lean:.2f} | {predicted(alpha, args.gamma, verify, c_hf):.2f} → "
-                  f"{predicted(alpha, args.gamma, verify, c_lean):.2f} ({alpha:.2f}) | {e2e} |", flush=True)
+                e2e = f"{runs['hf'][0].cell()} → {runs['lean'][0].cell()} ({alpha:.2f})"
+                e2e_verdict = verdict_cell(runs["verdict"])
+            print(f"| {pair} | {dtype_name} | {ms['t1']:.1f} | {ratio['tv'].cell()} | {ms['hf']:.2f} "
+                  f"| {ratio['hf'].cell()} | {ms['lean']:.2f} | {ratio['lean'].cell()} "
+                  f"| {predicted(alpha, args.gamma, verify, c_hf):.2f} → "
+                  f"{predicted(alpha, args.gamma, verify, c_lean):.2f} ({alpha:.2f}) | {verdict_cell(ms['verdict'])} "
+                  f"| {e2e} | {e2e_verdict} |", flush=True)
             del target, sibling
     print(f"<!-- load average at the end {os.getloadavg()[0]:.2f} -->")
 

@@ -3,25 +3,35 @@ rtn draft through the HF forward (swapped quantised modules), its lean step, and
 
     python benchmarks/bench_steps.py --models micro,smollm2 --draft rtn4 --gamma 4
 
-Each forward runs on a warm KV cache of `--context` tokens, which is cropped back after it; methods are
-interleaved per repeat, and the median is reported with the ratios c = draft / target one-token step and
-verify = (γ + 1)-token pass / one-token step.
+Each forward runs on a warm KV cache of `--context` tokens, which is cropped back after it (untimed). The steps
+are timed by the benchmarks' one operator timer (`common.time_operators`: interleaved rounds, the order rotating,
+two warm-up rounds not counted, outlier rounds re-measured): median milliseconds, and the ratios c = draft /
+target one-token step and verify = (γ + 1)-token pass / one-token step as medians of per-round ratios with their
+interval [low–high], then the rounds kept and the stability verdict.
 """
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
-from common import load, model_folders, parser
+from common import (
+    Operator,
+    load,
+    model_folders,
+    op_ms,
+    parser,
+    time_operators,
+    time_ratio,
+    verdict_cell,
+    verdict_columns,
+)
 
 import hfspec
 from hfspec import cache as kv
 
 
-def step_timer(model, ids: torch.Tensor, context: int, width: int):
-    """A function that times one forward over ids[:, context:context+width] on a warm cache of `context`."""
+def step_timer(model, ids: torch.Tensor, context: int, width: int) -> Operator:
+    """One forward over ids[:, context:context+width] on a warm cache of `context`, as an operator for
+    `common.time_operators` (the cache is cropped back after each call, untimed)."""
     cache = kv.new_cache(model)
     key = kv.cache_kwarg(model)
     with torch.no_grad():
@@ -29,15 +39,11 @@ def step_timer(model, ids: torch.Tensor, context: int, width: int):
     new = ids[:, context:context + width]
     positions = torch.arange(context, context + width)[None]
 
-    def once() -> float:
-        began = time.perf_counter()
+    def forward():
         with torch.no_grad():
             model(input_ids=new, position_ids=positions, use_cache=True, logits_to_keep=width, **{key: cache})
-        elapsed = time.perf_counter() - began
-        kv.crop_to(cache, context)
-        return elapsed
 
-    return once
+    return Operator(forward, lambda: kv.crop_to(cache, context))
 
 
 def main() -> None:
@@ -48,10 +54,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=60)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"threads {args.threads}, context {args.context}, median of {args.steps} interleaved steps (ms)\n")
+    print(f"threads {args.threads}, context {args.context}, median of {args.steps} interleaved steps (ms); ratios: "
+          "median of per-round ratios [interval]\n")
     print("| model | target 1 token | target γ+1 tokens | verify / step | HF-forward draft | c (HF forward) "
-          "| lean draft | c (lean) | compiled lean draft | c (compiled) | lean path |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| lean draft | c (lean) | compiled lean draft | c (compiled) | lean path | verdict |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, folder in model_folders(args).items():
         target, _ = load(folder)
         hf_draft = hfspec.make_draft(target, args.draft, lean=False)
@@ -64,18 +71,13 @@ def main() -> None:
                   "hf": step_timer(hf_draft, ids, args.context, 1),
                   "lean": step_timer(lean, ids, args.context, 1),
                   "compiled": step_timer(compiled, ids, args.context, 1)}
-        for t in timers.values():  # warm-up
-            t(), t()
-        samples = {k: [] for k in timers}
-        for _ in range(args.steps):
-            for k, t in timers.items():
-                samples[k].append(t())
-        ms = {k: statistics.median(v) * 1e3 for k, v in samples.items()}
+        timings = time_operators(timers, args.steps, baseline="t1")
+        ms = {k: op_ms(timings, k).median for k in timers}
+        c = {k: time_ratio(timings, k, "t1").cell() for k in ("tv", "hf", "lean", "compiled")}
         path = hfspec.drafts.describe(lean)["step"]
-        print(f"| {name} | {ms['t1']:.2f} | {ms['tv']:.2f} | {ms['tv'] / ms['t1']:.2f} | {ms['hf']:.2f} "
-              f"| {ms['hf'] / ms['t1']:.2f} | {ms['lean']:.2f} | {ms['lean'] / ms['t1']:.2f} | {ms['compiled']:.2f} "
-              f"| {ms['compiled'] / ms['t1']:.2f} | {path} |", flush=True)
-
+        print(f"| {name} | {ms['t1']:.2f} | {ms['tv']:.2f} | {c['tv']} | {ms['hf']:.2f} | {c['hf']} "
+              f"| {ms['lean']:.2f} | {c['lean']} | {ms['compiled']:.2f} | {c['compiled']} | {path} "
+              f"| {verdict_cell(verdict_columns(timings))} |", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -4,9 +4,11 @@ draft-side early exit, greedy and sampled.
     python benchmarks/bench_tokens.py                        # micro, SmolLM2 fp32 + bf16, a tiny Gemma 3
     python benchmarks/bench_tokens.py --models micro --max-new-tokens 48 --repeats 1   # a quick check
 
-Each row runs `repeats` (speculative, plain) pairs of exactly `max_new_tokens` tokens, alternating which goes
-first, in one process: the measured speed-up is pooled speculative tokens/s over pooled plain tokens/s (as
-`hfspec sweep` does). Three figures stand beside it:
+Each row runs `repeats` (speculative, plain) pairs of exactly `max_new_tokens` tokens in one process, timed by
+the benchmarks' ruler (`common.timed_rounds`: interleaved, alternating which goes first, a warm-up pair not
+counted, outlier pairs re-measured), each run by its own clock (`SpecStats.time_total`, as `hfspec sweep` times):
+the measured speed-up is the median per-pair ratio of tokens/s with its interval, followed by the pairs kept and
+the stability verdict ("implausible: …" flags included). Three figures stand beside it:
 
 - predicted: the cost model fitted to the speculative runs and the plain runs timed beside them (what the CLI,
   the dashboard and the sweep show);
@@ -28,11 +30,21 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 from pathlib import Path
 
 import torch
-from common import PAIRS, load, parser, prompt_ids
+from common import (
+    PAIRS,
+    Stopwatch,
+    interval_cell,
+    load,
+    own_clock,
+    parser,
+    prompt_ids,
+    ruler_columns,
+    timed_rounds,
+    verdict_cell,
+)
 
 import hfspec
 from hfspec.costmodel import predict
@@ -73,24 +85,23 @@ def targets(args):
 
 def measure(target, draft, ids, gamma: int, early_exit: bool, temperature: float, n: int, repeats: int,
             seed: int) -> dict:
-    """`repeats` alternating (speculative, plain) pairs; pooled rates, the estimates, greedy identity at T = 0."""
+    """`repeats` (speculative, plain) pairs timed by the ruler; the median per-pair ratio with its interval and
+    verdict, pooled rates, the estimates, greedy identity at T = 0."""
     kw = dict(temperature=temperature, max_new_tokens=n, min_new_tokens=n)
-    runs, plains, identical = [], [], None
-    reference = spec_sequences = None
-    for r in range(repeats):
-        order = (False, True) if r % 2 == 0 else (True, False)
-        for plain in order:
-            if plain:
-                out = hfspec.plain_generate(target, ids, seed=seed + r, **kw)
-                plains.append(out.stats)
-                reference = out.sequences
-            else:
-                out = hfspec.generate(target, ids, draft=draft, gamma=gamma, early_exit=early_exit, seed=seed + r,
-                                      **kw)
-                runs.append(out.stats)
-                spec_sequences = out.sequences
-        if temperature == 0:
-            identical = bool(torch.equal(spec_sequences, reference)) and identical is not False
+
+    def spec(r):
+        return hfspec.generate(target, ids, draft=draft, gamma=gamma, early_exit=early_exit, seed=seed + r, **kw)
+
+    def plain(r):
+        return hfspec.plain_generate(target, ids, seed=seed + r, **kw)
+
+    timings = timed_rounds({"spec": own_clock(spec), "plain": own_clock(plain)}, repeats, seed)
+    kept = timings.kept
+    runs = [k["spec"].out.stats for k in kept]
+    plains = [k["plain"].out.stats for k in kept]
+    identical = None
+    if temperature == 0:
+        identical = all(torch.equal(k["spec"].out.sequences, k["plain"].out.sequences) for k in kept)
     for s, b in zip(runs, plains, strict=True):
         s.attach_baseline(b)
     pooled, base = runs[0], plains[0]
@@ -100,12 +111,16 @@ def measure(target, draft, ids, gamma: int, early_exit: bool, temperature: float
         base = base.merge(b)
     alone = copy.copy(pooled)
     alone.plain_costs = None
-    measured = pooled.tokens_per_second / base.tokens_per_second
+    ruler = ruler_columns(timings, "spec", base)
+    measured = ruler["vs_plain"]
     predicted = pooled.predicted_speedup
     return {
         "alpha": pooled.alpha, "tokens_per_pass": pooled.tokens_per_pass, "mean_gamma": pooled.mean_gamma,
         "tokens_per_second": pooled.tokens_per_second, "plain_tokens_per_second": base.tokens_per_second,
-        "measured_speedup": measured, "predicted_speedup": predicted,
+        "measured_speedup": measured, "measured_speedup_low": ruler["vs_plain_low"],
+        "measured_speedup_high": ruler["vs_plain_high"], "pairs": ruler["pairs"], "outliers": ruler["outliers"],
+        "stable": ruler["stable"], "warnings": ruler["warnings"], "flags": ruler["flags"],
+        "predicted_speedup": predicted,
         "predicted_error": predicted / measured - 1, "predicted_alone": predict(alone).speedup,
         "predicted_alone_source": predict(alone).source, "paper_speedup": pooled.paper_speedup,
         "c_time": pooled.c_time, "greedy_identical": identical,
@@ -130,18 +145,18 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     load_avg = _load()
-    header = (f"threads {args.threads}, {args.max_new_tokens} tokens, {args.repeats} pair(s) per row, draft "
+    header = (f"threads {args.threads}, {args.max_new_tokens} tokens, {args.repeats} pair(s) per row after a warm-up "
+              f"pair, draft "
               f"{args.draft}, load average at start {load_avg}")
     lines = [f"<!-- {header} -->",
-             "| model | T | method | γ | α | tokens / pass | spec tok/s | plain tok/s | measured × | predicted × "
-             "| error | predicted alone × | paper × | greedy same |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| model | T | method | γ | α | tokens / pass | spec tok/s | plain tok/s | measured × | interval "
+             "| predicted × | error | predicted alone × | paper × | greedy same | verdict |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
     rows = []
-    began = time.perf_counter()
+    watch = Stopwatch()  # the whole script, one-shot
     for name, target, ids in targets(args):
-        draft = hfspec.make_draft(target, args.draft)
-        hfspec.generate(target, ids, draft=draft, max_new_tokens=8, temperature=0)  # warm both models
+        draft = hfspec.make_draft(target, args.draft)  # each row's warm-up pair (not counted) warms both models
         for temperature in (float(t) for t in args.temperatures.split(",")):
             for method in args.methods.split(","):
                 exit_ = method == "early-exit"
@@ -161,15 +176,16 @@ def main() -> None:
                 line = (f"| {name} | {temperature:g} | {method} | {gamma} | {r['alpha']:.3f} | "
                         f"{r['tokens_per_pass']:.2f} | {r['tokens_per_second']:.1f} | "
                         f"{r['plain_tokens_per_second']:.1f} | {r['measured_speedup']:.2f} | "
+                        f"{interval_cell(r, 'measured_speedup')} | "
                         f"{r['predicted_speedup']:.2f} | {r['predicted_error']:+.0%} | {r['predicted_alone']:.2f} | "
-                        f"{r['paper_speedup']:.2f} | {same} |")
+                        f"{r['paper_speedup']:.2f} | {same} | {verdict_cell(r)} |")
                 if "cross" in r:
                     c = r["cross"]
                     line += (f" at γ {c['gamma']}: measured {c['measured_speedup']:.2f}×, predicted from γ {gamma} "
                              f"{c['predicted_from_own_gamma']:.2f}× ({c['predicted_from_own_gamma'] / c['measured_speedup'] - 1:+.0%})")
                 lines.append(line)
                 print(line, flush=True)
-    lines.append(f"<!-- {time.perf_counter() - began:.0f} s; load average at the end {_load()} -->")
+    lines.append(f"<!-- {watch.seconds:.0f} s; load average at the end {_load()} -->")
     print(lines[-1])
     if args.out:
         Path(f"{args.out}.md").write_text("\n".join(lines) + "\n")

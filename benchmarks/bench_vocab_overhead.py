@@ -9,8 +9,12 @@ The model is tiny (2 layers, hidden 64) on purpose: its forwards are cheap, so w
 forwards, draft forwards and outside forwards (`SpecStats.time_target / time_draft / time_other`) for
 `hfspec.generate` with the rtn4 draft and for `hfspec.plain_generate` (the same loop, one target pass per
 token), plus the total of transformers' own `generate`. Every run produces exactly max_new_tokens
-(`min_new_tokens`), T = 1 keeps the model's default generation config (top-k 50). Methods run interleaved, the
-order rotating each repeat; the first repeat warms up and is not counted; medians over the rest.
+(`min_new_tokens`), T = 1 keeps the model's default generation config (top-k 50). The methods are timed by the
+benchmarks' ruler (`common.timed_rounds`: interleaved rounds, the order rotating, the first round a warm-up not
+counted, outlier rounds re-measured), each call by the wall clock; medians over the kept rounds. "total" is the
+wall clock per token; the split and the outside share (of hfspec's own clock) come from `SpecStats`; "vs HF
+generate" is the median per-round tokens/s ratio to transformers' `generate` with its interval, then the rounds
+kept and the stability verdict.
 `--profile V` prints cProfile's top functions (by own time) of hfspec runs at vocabulary V.
 """
 
@@ -22,12 +26,16 @@ import json
 import platform
 import pstats
 import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-import hfspec
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import interval_cell, ruler_columns, timed_rounds, verdict_cell, wall  # noqa: E402
+
+import hfspec  # noqa: E402
 
 METHODS = ("hfspec rtn4", "hfspec plain", "HF generate")
 
@@ -40,24 +48,28 @@ def tiny_llama(vocab: int, hidden: int, layers: int, seed: int = 0) -> LlamaForC
     return LlamaForCausalLM(config).eval()
 
 
-def run_once(method: str, target, draft, ids, n: int, temperature: float, gamma: int, seed: int) -> dict:
-    """Milliseconds per generated token: target, draft, other, total (HF generate: total only)."""
+def run_once(method: str, target, draft, ids, n: int, temperature: float, gamma: int, seed: int):
+    """One run: transformers' output (HF generate) or hfspec's (with `.stats`)."""
     if method == "HF generate":
         sample = temperature > 0
         torch.manual_seed(seed)
-        began = time.perf_counter()
-        out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                              do_sample=sample, **({"temperature": temperature} if sample else {}))
-        took = time.perf_counter() - began
-        new = out.shape[1] - ids.shape[1]
-        return {"total": 1e3 * took / new, "new_tokens": new}
+        return target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                               do_sample=sample, **({"temperature": temperature} if sample else {}))
     kwargs = dict(temperature=temperature, max_new_tokens=n, min_new_tokens=n, seed=seed)
-    out = (hfspec.generate(target, ids, draft=draft, gamma=gamma, **kwargs) if method == "hfspec rtn4"
-           else hfspec.plain_generate(target, ids, **kwargs))
+    return (hfspec.generate(target, ids, draft=draft, gamma=gamma, **kwargs) if method == "hfspec rtn4"
+            else hfspec.plain_generate(target, ids, **kwargs))
+
+
+def per_token(method: str, sample) -> dict:
+    """Milliseconds per generated token of one timed run: total (wall clock), and target, draft, other (hfspec)."""
+    out = sample.out
+    if method == "HF generate":
+        return {"total": 1e3 * sample.seconds / sample.tokens, "new_tokens": sample.tokens}
     s = out.stats
     per = 1e3 / s.new_tokens
     return {"target": s.time_target * per, "draft": s.time_draft * per, "other": s.time_other * per,
-            "total": s.time_total * per, "new_tokens": s.new_tokens, "alpha": s.alpha,
+            "total": 1e3 * sample.seconds / sample.tokens, "outside_share": s.time_other / s.time_total,
+            "new_tokens": s.new_tokens, "alpha": s.alpha,
             "tokens_per_pass": s.tokens_per_pass}
 
 
@@ -66,19 +78,26 @@ def measure(vocab: int, args) -> list[dict]:
     draft = hfspec.make_draft(target, "rtn4")
     ids = torch.randint(3, vocab, (1, 16), generator=torch.Generator().manual_seed(args.seed))
     rows = []
+    n = args.max_new_tokens
     for temperature in args.temperatures:
-        runs = {m: [] for m in METHODS}
-        for r in range(args.repeats + 1):
-            order = METHODS[r % len(METHODS):] + METHODS[: r % len(METHODS)]
-            for method in order:
-                result = run_once(method, target, draft, ids, args.max_new_tokens, temperature, args.gamma,
-                                  args.seed + r)
-                if r:  # the first repeat warms up
-                    runs[method].append(result)
+        def method_run(method, temperature=temperature):
+            return lambda r: run_once(method, target, draft, ids, n, temperature, args.gamma, args.seed + r)
+
+        def made(out):
+            seqs = out.sequences if hasattr(out, "sequences") else out
+            return seqs.shape[1] - ids.shape[1]
+
+        timings = timed_rounds({m: wall(method_run(m), made) for m in METHODS}, args.repeats, args.seed,
+                               baseline="HF generate")
         for method in METHODS:
+            runs = [per_token(method, k[method]) for k in timings.kept]
             row = {"vocab": vocab, "T": temperature, "method": method}
-            for key in runs[method][0]:
-                row[key] = statistics.median(x[key] for x in runs[method])
+            for key in runs[0]:
+                row[key] = statistics.median(x[key] for x in runs)
+            ruler = ruler_columns(timings, method)
+            row.update(vs_hf_generate=ruler["vs_plain"], vs_hf_generate_low=ruler["vs_plain_low"],
+                       vs_hf_generate_high=ruler["vs_plain_high"],
+                       **{k: ruler[k] for k in ("pairs", "outliers", "stable", "warnings", "flags")})
             rows.append(row)
     if args.profile == vocab:
         profile(target, draft, ids, args)
@@ -99,16 +118,17 @@ def profile(target, draft, ids, args) -> None:
 
 def table(rows: list[dict]) -> str:
     head = ("| V | T | method | target ms/tok | draft ms/tok | outside forwards ms/tok | total ms/tok "
-            "| outside share | α | tokens/pass |")
-    lines = [head, "|---" * 10 + "|"]
+            "| outside share | α | tokens/pass | vs HF generate | interval | verdict |")
+    lines = [head, "|---" * 13 + "|"]
     for row in rows:
         def ms(key, row=row):
             return f"{row[key]:.2f}" if key in row else "–"
-        share = f"{row['other'] / row['total']:.0%}" if "other" in row else "–"
+        share = f"{row['outside_share']:.0%}" if "outside_share" in row else "–"
         alpha = f"{row['alpha']:.3f}" if row.get("alpha") else "–"
         tpp = f"{row['tokens_per_pass']:.2f}" if "tokens_per_pass" in row else "–"
         lines.append(f"| {row['vocab']:,} | {row['T']:g} | {row['method']} | {ms('target')} | {ms('draft')} "
-                     f"| {ms('other')} | {ms('total')} | {share} | {alpha} | {tpp} |")
+                     f"| {ms('other')} | {ms('total')} | {share} | {alpha} | {tpp} | {row['vs_hf_generate']:.2f}× "
+                     f"| {interval_cell(row, 'vs_hf_generate')} | {verdict_cell(row)} |")
     return "\n".join(lines)
 
 
@@ -129,7 +149,7 @@ def main() -> None:
     args.temperatures = [float(t) for t in args.temperatures.split(",")]
     torch.set_num_threads(args.threads)
     print(f"# torch {torch.__version__}, {platform.processor() or platform.machine()}, {args.threads} thread(s), "
-          f"γ={args.gamma}, {args.max_new_tokens} new tokens, {args.repeats} repeats (medians)")
+          f"γ={args.gamma}, {args.max_new_tokens} new tokens, {args.repeats} interleaved rounds after a warm-up (medians)")
     rows = [row for vocab in (int(v) for v in args.vocabs.split(",")) for row in measure(vocab, args)]
     print(table(rows))
     if args.json:

@@ -1,11 +1,19 @@
-"""Shared set-up for benchmark scripts: models from ../shared/models or the embedded presets."""
+"""Shared set-up for benchmark scripts: models from ../shared/models or the embedded presets, and the one ruler.
+
+Every timing in benchmarks/bench_*.py goes through here (tests/test_benchmarks_harness.py checks that no script
+reads a clock itself): whole decodes compared with each other through `timed_rounds` / `against_plain`
+(hfspec.measure.interleaved), single operators (a forward step, one F.linear) through `time_operators` (the same
+interleaved rounds, medians with intervals and the same stability verdict), and one-shot durations that compare
+nothing (a build, a whole script) through `Stopwatch`. torch is imported lazily: bench_scale's parent process
+stays free of it.
+"""
 
 from __future__ import annotations
 
 import argparse
+import time
+from collections.abc import Callable
 from pathlib import Path
-
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "models"
@@ -46,13 +54,15 @@ def model_folders(args) -> dict[str, Path]:
 
 
 def load(path: Path, dtype: str = "float32"):
+    import torch
+
     from hfspec.loading import load_model, load_tokenizer
 
     torch.manual_seed(0)
     return load_model(str(path), dtype=dtype, progress=False), load_tokenizer(str(path))
 
 
-def prompt_ids(tokenizer, text: str = "Once upon a time") -> torch.Tensor:
+def prompt_ids(tokenizer, text: str = "Once upon a time"):
     return tokenizer(text, return_tensors="pt").input_ids
 
 
@@ -61,6 +71,8 @@ def timed_rounds(runs: dict, repeats: int, seed: int, warmup: int = 1, baseline:
     the same fixed number of tokens), rotating order per round, `warmup` rounds first and not counted, outliers
     re-measured; each call seeded with seed + round. Returns the `hfspec.measure.Timings`
     (`.ratio(name)`: median per-round ratio over `baseline`, interval, rates; `.verdict()`)."""
+    import torch
+
     from hfspec.measure import interleaved
 
     def seeded(fn):
@@ -90,7 +102,7 @@ def ruler_columns(timings, name: str, baseline_stats=None) -> dict:
             "tok_s": r.tokens_per_second, "plain_tok_s": r.baseline_tokens_per_second}
 
 
-def against_plain(target, ids: torch.Tensor, runs: dict, temperature: float, tokens: int, repeats: int,
+def against_plain(target, ids, runs: dict, temperature: float, tokens: int, repeats: int,
                   seed: int) -> dict:
     """Plain `generate` and `hfspec.generate` with each of `runs` ({key: (draft, gamma)}), timed by the ruler
     (`timed_rounds`: interleaved, a warm-up round not counted, round r seeded with seed + r, outliers re-measured),
@@ -100,7 +112,6 @@ def against_plain(target, ids: torch.Tensor, runs: dict, temperature: float, tok
     import statistics
 
     import hfspec
-    from hfspec.measure import Sample
 
     sample = (dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0
               else dict(do_sample=False))
@@ -116,16 +127,9 @@ def against_plain(target, ids: torch.Tensor, runs: dict, temperature: float, tok
                                    max_new_tokens=tokens, min_new_tokens=tokens, seed=seed + r)
         return run
 
-    def wall(fn):  # both sides by the wall clock (plain HF generate has no stats of its own)
-        def run(r):
-            import time
-
-            began = time.perf_counter()
-            out = fn(r)
-            return Sample(time.perf_counter() - began, tokens, out)
-        return run
-
-    timings = timed_rounds({"plain": wall(plain), **{key: wall(speculative(key)) for key in runs}}, repeats, seed)
+    # both sides by the wall clock (plain HF generate has no stats of its own)
+    timings = timed_rounds({"plain": wall(plain, tokens), **{key: wall(speculative(key), tokens) for key in runs}},
+                           repeats, seed)
     out = {}
     for key in runs:
         st = [k[key].out.stats for k in timings.kept]
@@ -135,6 +139,180 @@ def against_plain(target, ids: torch.Tensor, runs: dict, temperature: float, tok
                                                               for s in st) * 1e3,
                     **ruler_columns(timings, key)}
     return out
+
+
+# ------------------------------------------------------------------------------------------------ clocks
+def wall(fn: Callable[[int], object], tokens: int | Callable[[object], int] = 1) -> Callable[[int], object]:
+    """`fn(round)` for `timed_rounds`, timed by the wall clock: an `hfspec.measure.Sample` of `tokens` tokens (a
+    number, or a function of what fn returned) holding fn's result. What both sides of a comparison use when one
+    side (transformers' `generate`) has no stats of its own."""
+    from hfspec.measure import Sample
+
+    def run(r: int):
+        began = time.perf_counter()
+        out = fn(r)
+        took = time.perf_counter() - began
+        return Sample(took, tokens(out) if callable(tokens) else tokens, out)
+    return run
+
+
+def own_clock(fn: Callable[[int], object]) -> Callable[[int], object]:
+    """`fn(round)` returning an hfspec output (`.stats`, `.sequences`), for `timed_rounds`, timed by its own clock
+    (`stats.time_total` over `stats.new_tokens`, as `hfspec sweep` times) and holding the output."""
+    from hfspec.measure import Sample
+
+    def run(r: int):
+        out = fn(r)
+        return Sample(out.stats.time_total, out.stats.new_tokens, out)
+    return run
+
+
+class Stopwatch:
+    """A one-shot duration that compares nothing (building a draft, a whole script): `Stopwatch().seconds`.
+    Comparisons never use it: decodes go through `timed_rounds`, operators through `time_operators`."""
+
+    def __init__(self) -> None:
+        self.began = time.perf_counter()
+
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self.began
+
+
+def once(fn: Callable[[], object]) -> tuple[float, object]:
+    """(seconds, result) of one call of fn: a one-shot duration (see `Stopwatch`)."""
+    watch = Stopwatch()
+    out = fn()
+    return watch.seconds, out
+
+
+class Operator:
+    """One operator call for `time_operators`: `fn()` is timed, then `reset()` runs untimed (e.g. a KV cache
+    cropped back). Its result is not kept."""
+
+    def __init__(self, fn: Callable[[], object], reset: Callable[[], object] | None = None) -> None:
+        self.fn, self.reset = fn, reset
+
+    def __call__(self, r: int = 0):
+        from hfspec.measure import Sample
+
+        began = time.perf_counter()
+        self.fn()
+        took = time.perf_counter() - began
+        if self.reset is not None:
+            self.reset()
+        return Sample(took, 1)
+
+
+def time_operators(ops: dict, repeats: int, baseline: str | None = None, warmup: int = 2,
+                   budget_s: float | None = None):
+    """The one timer of single operators (a forward step, one F.linear call): `hfspec.measure.interleaved` over
+    `ops` ({name: Operator or fn()}), the order rotating per round, `warmup` rounds first and not counted, a round
+    whose seconds for any operator (or ratio to `baseline`, default the first) is far from the others re-measured.
+    Returns `hfspec.measure.Timings` whose `ratio(name)` is the per-round ratio of seconds over the baseline's
+    (what `time_ratio` gives); read it with `op_ms`, `time_ratio` and `verdict_columns` (the same stability verdict
+    as every decode comparison, its intervals read as time ratios)."""
+    import dataclasses
+
+    from hfspec.measure import interleaved
+
+    runs = {name: op if isinstance(op, Operator) else Operator(op) for name, op in ops.items()}
+    timings = interleaved(runs, baseline if baseline is not None else next(iter(runs)), repeats, warmup=warmup,
+                          budget_s=budget_s)
+    return _operator_timings(**{f.name: getattr(timings, f.name) for f in dataclasses.fields(timings)})
+
+
+def _operator_timings(**fields):
+    """`hfspec.measure.Timings` whose `ratio(name)` is a ratio of seconds over the baseline's (c = draft step /
+    target step) rather than of rates, so that the verdict's intervals read as the tables' ratios do."""
+    import statistics
+
+    from hfspec.measure import Ratio, Timings, median_interval
+
+    class OperatorTimings(Timings):
+        def ratio(self, name: str) -> Ratio:
+            kept = self.kept
+            ratios = [k[name].seconds / k[self.baseline].seconds for k in kept if k[self.baseline].seconds > 0]
+            if not ratios:
+                return Ratio(0.0, 0.0, 0.0, 0.0, None, [], [])
+            low, high, coverage = median_interval(ratios)
+            return Ratio(statistics.median(ratios), low, high, coverage,
+                         statistics.stdev(ratios) if len(ratios) > 1 else None, [k[name].rate for k in kept],
+                         [k[self.baseline].rate for k in kept])
+
+    return OperatorTimings(**fields)
+
+
+class Interval(tuple):
+    """(median, low, high): a median over the kept rounds and its order-statistics interval (about 95%; the range
+    under six rounds), `hfspec.measure.median_interval`."""
+
+    def __new__(cls, median: float, low: float, high: float):
+        return super().__new__(cls, (median, low, high))
+
+    median = property(lambda self: self[0])
+    low = property(lambda self: self[1])
+    high = property(lambda self: self[2])
+
+    @classmethod
+    def of(cls, values) -> Interval:
+        import statistics
+
+        from hfspec.measure import median_interval
+
+        values = list(values)
+        if not values:
+            return cls(float("nan"), float("nan"), float("nan"))
+        low, high, _ = median_interval(values)
+        return cls(statistics.median(values), low, high)
+
+    def cell(self, fmt: str = ".2f", unit: str = "") -> str:
+        """"1.23× [1.10–1.40]"."""
+        return f"{self.median:{fmt}}{unit} [{self.low:{fmt}}–{self.high:{fmt}}]"
+
+    def span(self, fmt: str = ".2f") -> str:
+        """"1.10–1.40"."""
+        return f"{self.low:{fmt}}–{self.high:{fmt}}"
+
+
+def op_ms(timings, name: str) -> Interval:
+    """An operator's milliseconds per call over the kept rounds: median and interval."""
+    return Interval.of(k[name].seconds / max(1, k[name].tokens) * 1e3 for k in timings.kept)
+
+
+def time_ratio(timings, name: str, over: str) -> Interval:
+    """The per-round ratio of seconds, name over `over` (c = draft step / target step), over the kept rounds."""
+    return Interval.of(k[name].seconds / k[over].seconds for k in timings.kept if k[over].seconds > 0)
+
+
+def rate_ratio(timings, name: str, over: str) -> Interval:
+    """The per-round ratio of tokens/s, name over `over` (a speed-up), over the kept rounds: for two methods
+    neither of which is the baseline (`Timings.ratio` gives it against the baseline)."""
+    return Interval.of(k[name].rate / k[over].rate for k in timings.kept if k[over].rate > 0)
+
+
+def verdict_columns(timings) -> dict:
+    """The ruler's verdict of interleaved timings as result columns: pairs (kept rounds), outliers, stable,
+    warnings."""
+    stable, warnings = timings.verdict()
+    return {"pairs": timings.pairs, "outliers": timings.outliers, "stable": stable, "warnings": "; ".join(warnings)}
+
+
+def verdict_cell(row: dict) -> str:
+    """A table cell for a row's verdict (`ruler_columns` / `verdict_columns`): "implausible: …", "unstable (n
+    pairs): why" or "stable (n pairs)" (with a busy machine named)."""
+    pairs = f"{row.get('pairs', 0)} pair{'s' if row.get('pairs', 0) != 1 else ''}"
+    if row.get("flags"):
+        return row["flags"]
+    if row.get("stable") is False:
+        return f"unstable ({pairs}): " + row.get("warnings", "").removeprefix("unstable: ")
+    return f"stable ({pairs})" + (f"; {row['warnings']}" if row.get("warnings") else "")
+
+
+def interval_cell(row: dict, key: str = "vs_plain", fmt: str = ".2f") -> str:
+    """"low–high" of `row[key + '_low']` and `row[key + '_high']` ("–" when absent)."""
+    low, high = row.get(f"{key}_low"), row.get(f"{key}_high")
+    return "–" if low is None or high is None else f"{low:{fmt}}–{high:{fmt}}"
 
 
 def machine_name() -> str:

@@ -4,7 +4,9 @@
 # common.machine_name), each script's output under its own heading with the command that made it. Scripts that
 # time plain against speculative decoding do it through the one ruler (hfspec.measure, via common.timed_rounds /
 # against_plain / hfspec.benchmark.compare_methods): interleaved rounds, a warm-up round not counted, medians with
-# intervals, outliers re-measured, a stability verdict and "implausible" flags in their rows.
+# intervals, outliers re-measured, a stability verdict and "implausible" flags in their rows; single operators
+# (steps, F.linear) through common.time_operators (the same rounds, intervals and verdict).
+# tests/test_benchmarks_harness.py checks that every bench_*.py is run here with arguments its parser accepts.
 # Needs ../shared/models (stories260K) and SmolLM2-135M made by ../shared/models/get-smollm2.sh into $SMOLLM2;
 # a script whose models are missing skips them and says so. A failing script is recorded and the rest still run.
 set -uo pipefail
@@ -49,17 +51,18 @@ run "adaptive micro" python bench_adaptive.py --models micro --drafts rtn4,rtn3,
     --max-new-tokens 128 --repeats 3
 run "adaptive smollm2" python bench_adaptive.py --models smollm2 --smollm2 "$SMOLLM2" --drafts rtn4 --gammas 1-6 \
     --max-new-tokens 96 --repeats 3
-run memory python bench_memory.py
+run memory python bench_memory.py --smollm2 "$SMOLLM2"
 run head python bench_head.py --models micro,smollm2 --smollm2 "$SMOLLM2" --repeats 3 --max-new-tokens 128
 run wrapper env HFSPEC_COMPILE_DIR="$TMP/compile" python bench_wrapper.py --models micro,smollm2 --smollm2 "$SMOLLM2" --repeats 3
-run tokens python bench_tokens.py
+run tokens python bench_tokens.py --smollm2 "$SMOLLM2"
 run sibling python bench_sibling.py --pairs micro-nano,smollm2-360m/135m --repeats 5
-run scale python bench_scale.py --shapes smollm2-135m --dtypes bf16 --quick
+run scale python bench_scale.py --shapes smollm2-135m --dtypes bf16 --quick --out ''  # results/scale.* stay the full run's
 run tree python bench_tree.py --models micro,smollm2 --smollm2 "$SMOLLM2" --dtypes float32,bfloat16 --trees 2,3 \
     --max-new-tokens 64 --repeats 3
-run export python bench_export.py
-run hub python bench_hub.py --models smollm2
-run drafts python bench_drafts.py
+run export python bench_export.py --smollm2 "$SMOLLM2"
+run hub python bench_hub.py --models smollm2 --smollm2 "$SMOLLM2"
+run "drafts alpha" python bench_drafts.py alpha --model ../../shared/models/stories260K
+run "drafts speed" python bench_drafts.py speed --model "$SMOLLM2"
 run fp32_linear python bench_fp32_linear.py
 [ -f bench_calibrated.py ] && run calibrated python bench_calibrated.py
 rm -rf "$TMP"
