@@ -68,6 +68,8 @@ class FileActions:
         """Caption and settings of the current tab's results: what produced them and how they were measured
         (repeats / pairs, torch threads, load, and whether the measured figures are rough, unstable or
         implausible: the ruler's verdict, `hfspec.measure`)."""
+        if self.tabs.currentWidget() is self.sensitivity:
+            return self.sensitivity.provenance()
         data = self.statistics()
         key = {id(self.live): "run", id(self.sweep): "sweep", id(self.compare): "compare"}[id(self.tabs.currentWidget())]
         section = data.get(key) or {}
@@ -85,9 +87,10 @@ class FileActions:
         return " · ".join(x for x in (head, rows_measurement_caption(rows, section.get("repeats"))) if x), settings
 
     def statistics(self) -> dict:
-        """The statistics on show (the last run, sweep and compare), with their settings; JSON-ready."""
-        return export.statistics(self.live.result, self.sweep.result, self.sweep.points, self.compare.rows,
+        """The statistics on show (the last run, sweep, compare and sensitivity), with their settings; JSON-ready."""
+        data = export.statistics(self.live.result, self.sweep.result, self.sweep.points, self.compare.rows,
                                  self.compare_settings, self.compare_drafts, self.controller.worker.conditions)
+        return data | ({"sensitivity": self.sensitivity.report.to_dict()} if self.sensitivity.report else {})
 
     def export_statistics(self, path: str | None = None) -> str | None:
         """Write statistics as .json (everything; File → Open shows it again) or .csv (the current tab's table;
@@ -104,6 +107,8 @@ class FileActions:
             export.write_csv(export.table_rows(data["sweep"]), path)
         elif self.tabs.currentWidget() is self.compare and "compare" in data:
             export.write_csv(export.table_rows(data["compare"]), path)
+        elif self.tabs.currentWidget() is self.sensitivity and "sensitivity" in data:
+            export.write_csv(self.sensitivity.report.rows(), path)
         elif "run" in data:
             export.write_csv(export.run_rows(data["run"]), path)
             export.write_csv(data["run"]["series"], export.series_path(path))

@@ -16,8 +16,9 @@ from gui.files import FileActions
 from gui.glossary import GlossaryDialog
 from gui.live_view import LiveView
 from gui.plots import configure_pyqtgraph
+from gui.sensitivity_view import SensitivityActions, SensitivityView
 from gui.sweep_view import SweepView
-from gui.worker import Job, RunController
+from gui.worker import Job, RunController, warm_imports
 from hfspec import verify_cost
 from hfspec.drafts import registry
 from hfspec.errors import HfspecError
@@ -34,12 +35,12 @@ def first_size(available: QRect) -> QSize:
                  min(DEFAULT_SIZE[1], available.height() - FRAME_ROOM[1]))
 
 
-class MainWindow(FileActions, QMainWindow):
+class MainWindow(FileActions, SensitivityActions, QMainWindow):
     def __init__(self, session: Session | None = None, settings_store=None):
         super().__init__()
         theme.apply(theme.system_theme())
         configure_pyqtgraph()
-        _warm_imports()
+        warm_imports()
         self.setWindowTitle("hfspec — speculative decoding dashboard")
         self.store = settings_store if settings_store is not None else store.open_settings()
         self.controller = RunController(session)
@@ -48,10 +49,12 @@ class MainWindow(FileActions, QMainWindow):
         self.live = LiveView()
         self.sweep = SweepView()
         self.compare = CompareView()
+        self.sensitivity = SensitivityView()
         self.tabs = QTabWidget()
         self.tabs.addTab(self.live, "Live")
         self.tabs.addTab(self.sweep, "Sweep γ")
         self.tabs.addTab(self.compare, "Compare drafts")
+        self.tabs.addTab(self.sensitivity, "Sensitivity")
         splitter = QSplitter(Qt.Orientation.Horizontal)
         splitter.addWidget(self.controls)
         splitter.addWidget(self.tabs)
@@ -84,6 +87,7 @@ class MainWindow(FileActions, QMainWindow):
         self.sweep.drafts.textChanged.connect(self._recheck_input)
         self.compare.items.textChanged.connect(self._recheck_input)
         self.compare.run_requested.connect(self.start_compare)
+        self.sensitivity.run_requested.connect(self.start_sensitivity)
         c.busy_changed.connect(self._busy)
         c.live.connect(self._live)
         c.result.connect(self._result)
@@ -178,7 +182,7 @@ class MainWindow(FileActions, QMainWindow):
     def follow_system_theme(self) -> None:
         """Restyle everything in the system's colour scheme (called when it changes)."""
         theme.apply(theme.system_theme())
-        for view in (self.live, self.sweep, self.compare, self.controls):
+        for view in (self.live, self.sweep, self.compare, self.sensitivity, self.controls):
             view.retheme()
 
     # ------------------------------------------------------------------ slots
@@ -212,6 +216,7 @@ class MainWindow(FileActions, QMainWindow):
         self.controls.set_busy(busy, loading=busy)
         self.sweep.run_button.setEnabled(not busy)
         self.compare.run_button.setEnabled(not busy)
+        self.sensitivity.run_button.setEnabled(not busy)
         self.stop_action.setEnabled(busy)
         for action in self.start_actions:
             action.setEnabled(not busy)
@@ -222,7 +227,7 @@ class MainWindow(FileActions, QMainWindow):
             self.clock.stop()
             if self.live._pending:  # the job ended without data (failed or stopped): the results stay current
                 self.live.set_pending("")
-            if self.controller.job and self.controller.job.kind != "run":
+            if self.controller.job and self.controller.job.kind in ("sweep", "compare"):
                 done = len(self.sweep.points) if self.controller.job.kind == "sweep" else len(self.compare.rows)
                 total = self.controls.progress.maximum()
                 if done:
@@ -275,7 +280,8 @@ class MainWindow(FileActions, QMainWindow):
     def _result(self, out) -> None:
         """The job's result, shown by the view of the job's kind."""
         job = self.controller.job
-        {"run": self._show_run, "sweep": self._show_sweep, "compare": self._show_compare}[job.kind](out)
+        {"run": self._show_run, "sweep": self._show_sweep, "compare": self._show_compare,
+         "sensitivity": self._show_sensitivity}[job.kind](out)
         self._reported = True
 
     def _show_run(self, out) -> None:
@@ -357,7 +363,8 @@ class MainWindow(FileActions, QMainWindow):
         self.start_actions = [add(run, "&Run", self.start_run, "Ctrl+R")]
         self.stop_action = add(run, "S&top", self.controller.stop, "Esc")
         self.stop_action.setEnabled(False)
-        self.start_actions += [add(run, "&Sweep γ", self.start_sweep), add(run, "&Compare drafts", self.start_compare)]
+        self.start_actions += [add(run, "&Sweep γ", self.start_sweep), add(run, "&Compare drafts", self.start_compare),
+                               add(run, "Se&nsitivity of the draft", self.start_sensitivity)]
         help_menu = self.menuBar().addMenu("&Help")
         add(help_menu, "&Glossary (α, γ, c, the formula)", self.show_glossary, "F1")
 
@@ -389,16 +396,3 @@ class MainWindow(FileActions, QMainWindow):
         self.shutdown()
         super().closeEvent(event)
 
-
-def _warm_imports() -> None:
-    """Resolve transformers' lazy Auto classes now, on the GUI thread at start-up: the first resolution scans
-    transformers' model folders with regexes (GIL held for ~0.4 s), which would otherwise freeze the window
-    during the first Run."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
-
-    try:  # the RTN draft's one-time kernel check, for the same reason
-        from hfspec.quant import packing
-
-        packing.int4_cpu_kernel_ok()
-    except Exception:  # noqa: BLE001 - only a warm-up
-        pass

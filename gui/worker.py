@@ -21,18 +21,20 @@ from hfspec.session import Cancelled, LiveBuffer, RunSettings, Session
 REDRAW_MS = 50  # ~20 Hz
 SETTLE_MS = 200  # after drawing the run, the GUI stays idle this long before the speed-up is timed
 SETTLE_TIMEOUT_S = 3.0  # the worker never waits longer than this for the display
-FAILED_TITLES = {"run": "Run failed", "sweep": "Sweep failed", "compare": "Compare failed"}
+FAILED_TITLES = {"run": "Run failed", "sweep": "Sweep failed", "compare": "Compare failed",
+                 "sensitivity": "Sensitivity failed"}
 
 
 @dataclass
 class Job:
-    """kind: "run" | "sweep" | "compare"."""
+    """kind: "run" | "sweep" | "compare" | "sensitivity" (`options`: hfspec.drafts.sensitivity's arguments)."""
 
     kind: str
     settings: RunSettings
     gammas: list[int] = field(default_factory=list)
     drafts: list[str] = field(default_factory=list)
     repeats: int = 1
+    options: dict = field(default_factory=dict)
 
 
 class Worker(QObject):
@@ -42,7 +44,7 @@ class Worker(QObject):
     generating = Signal()           # models are loaded, decoding started
     step = Signal(int, int)         # sweep / compare: point i (from 1) of n starts
     item = Signal(object)           # a SweepRow or CompareRow as it completes
-    result = Signal(object)         # RunResult | SweepResult | list[CompareRow]
+    result = Signal(object)         # RunResult | SweepResult | list[CompareRow] | SensitivityReport
     failed = Signal(str, str)       # title, message
     cancelled = Signal()
     finished = Signal()             # after every job, whatever the outcome
@@ -74,6 +76,22 @@ class Worker(QObject):
                                             device=settings.device or None)
         return model
 
+    def _sensitivity(self, job: Job, should_stop):
+        """Which units cost the target's quantised draft its acceptance (`hfspec.drafts.sensitivity`)."""
+        from hfspec.drafts.sensitivity import check_arguments, sensitivity
+
+        o = job.options
+        check_arguments(o.get("bits"), o.get("group_size"), o.get("method"), o.get("by"), o.get("tokens"))
+        target, _ = self.session.load_target(job.settings.target, self.status.emit, should_stop,
+                                             job.settings.dtype or None, job.settings.device or None)
+
+        def say(message: str) -> None:
+            if should_stop():
+                raise Cancelled("stopped")
+            self.status.emit(message)
+
+        return sensitivity(target, **o, progress=say, on_step=self.step.emit)
+
     @Slot(object)
     def start(self, job: Job) -> None:
         started = {"yes": False}
@@ -99,8 +117,10 @@ class Worker(QObject):
                 out = self.session.compare(job.settings, job.drafts, repeats=job.repeats, on_row=self.item.emit,
                                            should_stop=should_stop, progress=self.status.emit,
                                            on_step=self.step.emit)
+            elif job.kind == "sensitivity":
+                out = self._sensitivity(job, should_stop)
             else:
-                raise HfspecError(f"job kind: got {job.kind!r}; allowed: run, sweep, compare")
+                raise HfspecError(f"job kind: got {job.kind!r}; allowed: run, sweep, compare, sensitivity")
         except Cancelled:
             self.cancelled.emit()
         except HfspecError as exc:
@@ -186,3 +206,17 @@ class RunController(QObject):
         self.busy = False
         self.busy_changed.emit(False)
         self.done.emit()
+
+
+def warm_imports() -> None:
+    """Resolve transformers' lazy Auto classes now, on the GUI thread at start-up: the first resolution scans
+    transformers' model folders with regexes (GIL held for ~0.4 s), which would otherwise freeze the window
+    during the first Run."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
+    try:  # the RTN draft's one-time kernel check, for the same reason
+        from hfspec.quant import packing
+
+        packing.int4_cpu_kernel_ok()
+    except Exception:  # noqa: BLE001 - only a warm-up
+        pass

@@ -1,4 +1,4 @@
-"""`hfspec` command line: run, sweep, compare, bench, audit, presets, gui, export-hub, export-draft."""
+"""`hfspec` command line: run, sweep, compare, bench, audit, sensitivity, presets, gui, export-hub, export-draft."""
 
 from __future__ import annotations
 
@@ -104,6 +104,17 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--dtype", help="float32 | bfloat16 | float16 | auto (default float32)")
     export.add_argument("--overwrite", action="store_true", help="replace OUT if it is not empty")
     export.add_argument("--no-check", action="store_true", help="skip loading OUT back to compare logits")
+
+    sens = sub.add_parser("sensitivity", help="which matrices cost a quantised draft its acceptance (to choose bits)")
+    sens.add_argument("--target", help="model folder, hub id or preset name (default: the default preset's target)")
+    sens.add_argument("--bits", type=int, default=4, help="bits of the draft's codes, 2..8 (default 4)")
+    sens.add_argument("--group", type=int, default=32, help="group size along the input dimension (default 32)")
+    sens.add_argument("--method", default="rtn", help="rtn (round to nearest) or gptq (calibrated); default rtn")
+    sens.add_argument("--by", default="layer", help="layer (attention / MLP per layer, head) or matrix")
+    sens.add_argument("--tokens", type=int, default=512, help="positions of the target's own text (default 512)")
+    sens.add_argument("--seed", type=int, default=0, help="seed of the self-sampled text (default 0)")
+    sens.add_argument("--dtype", help="float32 | bfloat16 | float16 | auto")
+    sens.add_argument("--json", metavar="FILE", help="also write the report as JSON")
 
     sub.add_parser("presets", help="list the presets")
     gui = sub.add_parser("gui", help="open the dashboard")
@@ -340,6 +351,27 @@ def cmd_audit(args) -> int:
     return run_command(args, progress=_say)
 
 
+def cmd_sensitivity(args) -> int:
+    from hfspec import report
+    from hfspec.drafts.sensitivity import check_arguments, sensitivity
+    from hfspec.loading import load_model
+    from hfspec.presets import DEFAULT_PRESET, list_presets, load_preset
+
+    check_arguments(args.bits, args.group, args.method, args.by, args.tokens)
+    if args.json:
+        _check_writable(args.json, "--json")
+    source = args.target or DEFAULT_PRESET
+    if source.endswith(".toml") or source in list_presets():
+        source = load_preset(source).target
+    target = load_model(source, dtype=args.dtype, progress=_say, role="target")
+    result = sensitivity(target, args.bits, args.group, args.method, args.by, args.tokens, args.seed, progress=_say)
+    print("\n".join(result.lines()))
+    if args.json:
+        Path(args.json).expanduser().write_text(report.dumps(result.to_dict() | {"target": source}) + "\n",
+                                                encoding="utf-8")
+    return 0
+
+
 def cmd_presets(args) -> int:
     from hfspec.presets import list_presets, load_preset
 
@@ -377,8 +409,8 @@ def cmd_export_draft(args) -> int:
 
 
 COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "compare": cmd_compare, "bench": cmd_bench,
-            "presets": cmd_presets, "gui": cmd_gui, "audit": cmd_audit, "export-hub": cmd_export_hub,
-            "export-draft": cmd_export_draft}
+            "presets": cmd_presets, "gui": cmd_gui, "audit": cmd_audit, "sensitivity": cmd_sensitivity,
+            "export-hub": cmd_export_hub, "export-draft": cmd_export_draft}
 
 
 def main(argv: list[str] | None = None) -> int:
