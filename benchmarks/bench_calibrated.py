@@ -10,8 +10,8 @@ the cached build time are reported too. α is timing-free: this script can run o
 
 from __future__ import annotations
 
+import functools
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -67,12 +67,8 @@ def main() -> None:
     for name, path in common.model_folders(args).items():
         target, tok = common.load(path, args.dtype)
         for spec in args.drafts.split(","):
-            began = time.perf_counter()
-            draft = make_draft(target, spec)
-            first = time.perf_counter() - began
-            began = time.perf_counter()
-            draft = make_draft(target, spec)
-            again = time.perf_counter() - began
+            first, draft = common.once(functools.partial(make_draft, target, spec))
+            again, draft = common.once(functools.partial(make_draft, target, spec))
             greedy = acceptance(target, tok, draft, args.gamma, 0.0, args.max_new_tokens, args.seed)
             sampled = acceptance(target, tok, draft, args.gamma, 1.0, args.max_new_tokens, args.seed)
             ov = overlap(target, draft, args.seed + 1000)
