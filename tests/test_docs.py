@@ -48,7 +48,7 @@ def test_readme_is_short_and_names_the_two_commands():
     text = README.read_text()
     assert len(text.splitlines()) <= README_MAX_LINES
     for needed in ("bash scripts/demo.sh", "bash scripts/test.sh", 'pytest -m "not slow"', "## Results",
-                   "<!-- results: filled by benchmarks/run_all (see docs/benchmarks.md) -->"):
+                   "<!-- results: filled by benchmarks/bench_results.py --readme (see docs/benchmarks.md) -->"):
         assert needed in text, needed
 
 

@@ -26,14 +26,15 @@ PROGRESS_EVERY = 2.0  # seconds between progress messages
 
 @dataclass(frozen=True)
 class Calibration:
-    """How a calibrated draft is made: `sequences` self-sampled texts of `tokens` tokens (seed `seed`), GPTQ
+    """How a calibrated draft is made: `sequences` self-sampled texts of `tokens` tokens (seed `seed`; on SmolLM2-135M
+    off the grid, 64 × 64 gave overlap 0.832 in 51 s, 32 × 128 0.826 in 75 s, 128 × 64 0.844 in 75 s), GPTQ
     with `damp`, the clipping search `shrink` and act-order (`gptq.gptq_quantize`); `sequential`: Hessians of
     each layer taken on the outputs of the already quantised layers below it (on SmolLM2-135M off the grid:
     overlap Σ min(p, q) 0.826 -> 0.829 for 40 % more time, so off by default). All of it is part of the cache
     key: other settings make other codes."""
 
-    sequences: int = 32
-    tokens: int = 128
+    sequences: int = 64
+    tokens: int = 64
     seed: int = 0
     damp: float = gptq.DAMP
     shrink: tuple[float, ...] = gptq.SHRINK

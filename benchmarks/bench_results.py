@@ -1,0 +1,85 @@
+"""The README's results table: plain `generate` against hfspec on targets that were never on the draft's grid.
+
+    python benchmarks/bench_results.py                      # prints the table, writes results/<machine>-<date>-results.*
+    python benchmarks/bench_results.py --readme             # also replaces the table in README.md's Results section
+
+Targets: `micro` (the embedded model, trained in fp32) and `smollm2-offgrid` (SmolLM2-135M moved off the rtn4
+grid by benchmarks/offgrid.py); add `smollm2` to see the shipped, 4-bit-exact folder as a labelled best case.
+Each row is one (target, dtype, T, draft, γ) against plain generate, timed by the ruler (common.against_plain:
+interleaved rounds, a warm-up round not counted, the median of per-round ratios with its interval, outliers
+re-measured, a stability verdict). α and tokens per pass are pooled over the kept rounds. T = 1 is pure sampling
+(top-k 0, top-p 1). Drafts are built (and calibrated, compiled) before timing; their build is not in the figures.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+from pathlib import Path
+
+import common
+import torch
+
+MARK = "<!-- results: filled by benchmarks/bench_results.py --readme (see docs/benchmarks.md) -->"
+LABELS = {"smollm2": "SmolLM2-135M as shipped (4-bit-exact for rtn4: a best case)",
+          "smollm2-offgrid": "SmolLM2-135M off the grid", "micro": "micro (embedded, 1.8M)"}
+
+
+def main() -> None:
+    p = common.parser(__doc__.splitlines()[0])
+    p.set_defaults(models="micro,smollm2-offgrid", repeats=3)
+    p.add_argument("--runs", default="rtn4-compiled:4,gptq4-compiled:4,gptq4-compiled:auto",
+                   help="draft:gamma pairs, comma-separated")
+    p.add_argument("--dtypes", default="float32,bfloat16")
+    p.add_argument("--temperatures", default="0,1")
+    p.add_argument("--prompt", default="Once upon a time")
+    p.add_argument("--readme", action="store_true", help="replace the table in README.md's Results section")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    import hfspec
+
+    runs = [(r.rsplit(":", 1)[0], r.rsplit(":", 1)[1]) for r in args.runs.split(",")]
+    day = datetime.date.today().isoformat()
+    load0 = os.getloadavg()[0]
+    lines = [f"{common.machine_name()}, {day}, {args.threads} threads, {args.max_new_tokens} new tokens, prompt "
+             f"{args.prompt!r}, median of {args.repeats} interleaved rounds per row (load average at start "
+             f"{load0:.2f}); `python benchmarks/bench_results.py --readme` regenerates it.", "",
+             "| target | dtype | T | draft | γ | α | tokens / pass | plain tok/s | hfspec tok/s | vs plain | interval | "
+             "verdict |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = []
+    for name, folder in common.model_folders(args).items():
+        for dtype in args.dtypes.split(","):
+            target, tok = common.load(folder, dtype)
+            ids = common.prompt_ids(tok, args.prompt)
+            drafts = {spec: hfspec.make_draft(target, spec) for spec in dict.fromkeys(s for s, _ in runs)}
+            for temperature in (float(t) for t in args.temperatures.split(",")):
+                keyed = {f"{spec}@{gamma}": (drafts[spec], gamma if gamma == "auto" else int(gamma))
+                         for spec, gamma in runs}
+                result = common.against_plain(target, ids, keyed, temperature, args.max_new_tokens, args.repeats,
+                                              args.seed)
+                for key, r in result.items():
+                    spec, gamma = key.split("@")
+                    row = {"target": name, "dtype": dtype, "temperature": temperature, "draft": spec, "gamma": gamma,
+                           **r}
+                    rows.append(row)
+                    lines.append(f"| {LABELS.get(name, name)} | {dtype} | {temperature:g} | {spec} | {gamma} | "
+                                 f"{r['alpha']:.3f} | {r['tokens_per_pass']:.2f} | {r['plain_tok_s']:.1f} | "
+                                 f"{r['tok_s']:.1f} | **{r['vs_plain']:.2f}×** | {common.interval_cell(r)} | "
+                                 f"{common.verdict_cell(r)} |")
+                    print(lines[-1], flush=True)
+    lines += ["", f"Load average at the end {os.getloadavg()[0]:.2f}."]
+    print("\n".join(lines))
+    out = Path(__file__).parent / "results" / f"{common.machine_name()}-{day}-results"
+    common.write_results(str(out), lines, rows)
+    if args.readme:
+        readme = Path(__file__).resolve().parents[1] / "README.md"
+        text = readme.read_text()
+        start = text.index(MARK) + len(MARK)
+        end = text.index("\n## ", start)
+        text = text[:start] + "\n\n" + "\n".join(lines) + "\n" + text[end:]
+        readme.write_text(re.sub(r"\n{3,}", "\n\n", text))
+
+
+if __name__ == "__main__":
+    main()
