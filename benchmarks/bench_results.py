@@ -14,6 +14,7 @@ re-measured, a stability verdict). α and tokens per pass are pooled over the ke
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import re
 from pathlib import Path
@@ -35,18 +36,57 @@ def main() -> None:
     p.add_argument("--temperatures", default="0,1")
     p.add_argument("--prompt", default="Once upon a time")
     p.add_argument("--readme", action="store_true", help="replace the table in README.md's Results section")
+    p.add_argument("--from-json", default=None, help="render the rows of an earlier run's JSON instead of measuring")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    day = datetime.date.today().isoformat()
+    header = (f"{common.machine_name()}, {day}, {args.threads} threads, {args.max_new_tokens} new tokens, prompt "
+              f"{args.prompt!r}, median of {args.repeats} interleaved rounds per row (load average at start "
+              f"{os.getloadavg()[0]:.2f}); `python benchmarks/bench_results.py --readme` regenerates it.")
+    if args.from_json:
+        data = json.loads(Path(args.from_json).read_text())
+        if isinstance(data, list):  # rows alone: the header is the first line of the .md beside it
+            data = {"rows": data, "header": Path(args.from_json).with_suffix(".md").read_text().splitlines()[0]}
+        rows, header = data["rows"], data["header"]
+    else:
+        rows = measure(args)
+    lines = render(header, rows)
+    print("\n".join(lines))
+    out = Path(__file__).parent / "results" / f"{common.machine_name()}-{day}-results"
+    if not args.from_json:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+        out.with_suffix(".json").write_text(json.dumps({"header": header, "rows": rows}, indent=1) + "\n")
+    if args.readme:
+        readme = Path(__file__).resolve().parents[1] / "README.md"
+        text = readme.read_text()
+        start = text.index(MARK) + len(MARK)
+        end = text.index("\n## ", start)
+        text = text[:start] + "\n\n" + "\n".join(lines) + "\n" + text[end:]
+        readme.write_text(re.sub(r"\n{3,}", "\n\n", text))
+
+
+def render(header: str, rows: list[dict]) -> list[str]:
+    """The table: one row per measurement, a short verdict per row and each distinct warning once below."""
+    lines = [header, "", "| target | dtype | T | draft | γ | α | tokens / pass | plain tok/s | hfspec tok/s | vs plain | "
+             "interval | verdict |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    notes: list[str] = []
+    for r in rows:
+        verdict = r["flags"] or f"{'stable' if r['stable'] else 'unstable'} ({r['pairs']} pairs)"
+        if r.get("warnings") and r["warnings"] not in notes:
+            notes.append(r["warnings"])
+        if r.get("warnings"):
+            verdict += f" [{notes.index(r['warnings']) + 1}]"
+        lines.append(f"| {LABELS.get(r['target'], r['target'])} | {r['dtype']} | {r['temperature']:g} | {r['draft']} | "
+                     f"{r['gamma']} | {r['alpha']:.3f} | {r['tokens_per_pass']:.2f} | {r['plain_tok_s']:.1f} | "
+                     f"{r['tok_s']:.1f} | **{r['vs_plain']:.2f}×** | {common.interval_cell(r)} | {verdict} |")
+    return lines + [""] + [f"[{i + 1}] {note}" for i, note in enumerate(notes)]
+
+
+def measure(args) -> list[dict]:
     import hfspec
 
     runs = [(r.rsplit(":", 1)[0], r.rsplit(":", 1)[1]) for r in args.runs.split(",")]
-    day = datetime.date.today().isoformat()
-    load0 = os.getloadavg()[0]
-    lines = [f"{common.machine_name()}, {day}, {args.threads} threads, {args.max_new_tokens} new tokens, prompt "
-             f"{args.prompt!r}, median of {args.repeats} interleaved rounds per row (load average at start "
-             f"{load0:.2f}); `python benchmarks/bench_results.py --readme` regenerates it.", "",
-             "| target | dtype | T | draft | γ | α | tokens / pass | plain tok/s | hfspec tok/s | vs plain | interval | "
-             "verdict |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     rows = []
     for name, folder in common.model_folders(args).items():
         for dtype in args.dtypes.split(","):
@@ -63,22 +103,8 @@ def main() -> None:
                     row = {"target": name, "dtype": dtype, "temperature": temperature, "draft": spec, "gamma": gamma,
                            **r}
                     rows.append(row)
-                    lines.append(f"| {LABELS.get(name, name)} | {dtype} | {temperature:g} | {spec} | {gamma} | "
-                                 f"{r['alpha']:.3f} | {r['tokens_per_pass']:.2f} | {r['plain_tok_s']:.1f} | "
-                                 f"{r['tok_s']:.1f} | **{r['vs_plain']:.2f}×** | {common.interval_cell(r)} | "
-                                 f"{common.verdict_cell(r)} |")
-                    print(lines[-1], flush=True)
-    lines += ["", f"Load average at the end {os.getloadavg()[0]:.2f}."]
-    print("\n".join(lines))
-    out = Path(__file__).parent / "results" / f"{common.machine_name()}-{day}-results"
-    common.write_results(str(out), lines, rows)
-    if args.readme:
-        readme = Path(__file__).resolve().parents[1] / "README.md"
-        text = readme.read_text()
-        start = text.index(MARK) + len(MARK)
-        end = text.index("\n## ", start)
-        text = text[:start] + "\n\n" + "\n".join(lines) + "\n" + text[end:]
-        readme.write_text(re.sub(r"\n{3,}", "\n\n", text))
+                    print(render("", [row])[4], flush=True)  # the row itself
+    return rows
 
 
 if __name__ == "__main__":
