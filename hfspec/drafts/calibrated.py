@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import tempfile
 import time
 import warnings
@@ -25,15 +24,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from hfspec.drafts.registry import DraftKind, DraftSpec, Field, fail
-from hfspec.drafts.rtn import DEFAULT_GROUP_SIZE, GROUP_SIZES, HEAD_DEFAULT, STEPS, _step_suffix, _top_suffix
+from hfspec.drafts.registry import DraftKind, DraftSpec
+from hfspec.drafts.rtn import GroupSpecs
 from hfspec.errors import HfspecError
 from hfspec.quant.calibrate import Calibration, Coded, calibrate, calibration_matrices
 
 GPTQ_BITS = (2, 8)
 FORMAT = 1  # the cache file's layout and the algorithm's version: a change makes older entries unused
 CALIBRATION_DIR = Path(os.environ.get("HFSPEC_CALIBRATION_DIR", Path.home() / ".cache" / "hfspec" / "calibrated"))
-_GPTQ = re.compile(r"gptq(\d+)(?:-g(\d+))?(?:-top(\d+))?(-compiled)?")
 
 
 def weights_digest(model: nn.Module) -> str:
@@ -156,77 +154,18 @@ def make_calibrated_draft(target: nn.Module, bits: int, group_size: int, compile
     return draft
 
 
-def _parse(text: str, low: str) -> DraftSpec | None:
-    if not low.startswith("gptq"):
-        return None
-    match = _GPTQ.fullmatch(low)
-    if not match:
-        raise fail(f"cannot read {text!r} (write gptqB, gptqB-gN, optionally -topK, optionally ending in -compiled, "
-                   "e.g. gptq4, gptq3-g64, gptq4-compiled)")
-    bits = int(match.group(1))
-    if not GPTQ_BITS[0] <= bits <= GPTQ_BITS[1]:
-        raise fail(f"bits must be {GPTQ_BITS[0]}..{GPTQ_BITS[1]}, got {bits}")
-    group = int(match.group(2)) if match.group(2) else DEFAULT_GROUP_SIZE
-    if not GROUP_SIZES[0] <= group <= GROUP_SIZES[1]:
-        raise fail(f"group size must be {GROUP_SIZES[0]}..{GROUP_SIZES[1]}, got {group}")
-    params = ()
-    if match.group(3) is not None:
-        from hfspec.drafts.lean import HEAD_TOP_MAX
-
-        top = int(match.group(3))
-        if top > HEAD_TOP_MAX:
-            raise fail(f"-topK (head logits re-scored) must be 0..{HEAD_TOP_MAX}, got {top}")
-        params += (("head_top", top),)
-    if match.group(4):
-        params += (("step", "compiled"),)
-    return DraftSpec("gptq", bits=bits, group_size=group, params=params)
+SPECS = GroupSpecs("gptq", GPTQ_BITS)
 
 
 def _build(target, spec: DraftSpec, options: dict):
-    top = spec.param("head_top")
-    if top is not None:
-        if options.get("head_top") is not None and options["head_top"] != top:
-            raise HfspecError(f"draft options: the spec {spec.label} says head_top={top} and the option says "
-                              f"head_top={options['head_top']!r}; allowed: one of them, or both the same")
-        options = {**options, "head_top": top}
     return make_calibrated_draft(target, spec.bits, spec.group_size, compiled=spec.param("step") == "compiled",
-                                 **options)
-
-
-def _spec_of(values: dict) -> str:
-    group = int(values.get("group") or DEFAULT_GROUP_SIZE)
-    step = values.get("step") or STEPS[0]
-    if step not in STEPS:
-        raise fail(f"step must be one of {', '.join(STEPS)}, got {step!r}")
-    top = values.get("head_top")
-    return (f"gptq{int(values['bits'])}" + (f"-g{group}" if group != DEFAULT_GROUP_SIZE else "")
-            + _top_suffix(None if top in ("", HEAD_DEFAULT) else top) + _step_suffix(step))
-
-
-def _label(spec: DraftSpec) -> str:
-    return (f"gptq{spec.bits}-g{spec.group_size}" + _top_suffix(spec.param("head_top"))
-            + _step_suffix(spec.param("step", STEPS[0])))
-
-
-def _assisted(target, draft, spec: DraftSpec, gamma: int):
-    """HF assisted generation runs the calibrated codes through the HF forward (without a compiled step)."""
-    if callable(getattr(draft, "generate", None)):
-        return None
-    from hfspec.drafts import make_draft
-
-    eager = DraftSpec("gptq", bits=spec.bits, group_size=spec.group_size)
-    return {"assistant_model": make_draft(target, eager, lean=False)}, f"{eager.label} through the HF forward"
+                                 **SPECS.options(spec, options))
 
 
 KIND = DraftKind(
-    name="gptq", title="calibrated quantised copy (GPTQ)",
-    allowed=f"gptq{GPTQ_BITS[0]}..gptq{GPTQ_BITS[1]}[-gN][-topK][-compiled]",
-    parse=_parse, build=_build, label=_label,
-    fields=(Field("bits", "bits", 4, low=GPTQ_BITS[0], high=GPTQ_BITS[1]),
-            Field("group", "group size", DEFAULT_GROUP_SIZE, choices=(32, 64, 128, 256)),
-            Field("step", "draft step", STEPS[0], choices=STEPS),
-            Field("head_top", "head logits re-scored", HEAD_DEFAULT, choices=(HEAD_DEFAULT, 0, 8, 32, 128))),
-    spec_of=_spec_of, values=lambda s: {"bits": s.bits, "group": s.group_size},
-    options=frozenset({"lean", "progress", "head_top", "calibration"}), copies_target=True, assisted=_assisted,
+    name="gptq", title="calibrated quantised copy (GPTQ)", allowed=SPECS.allowed,
+    parse=SPECS.parse, build=_build, label=SPECS.label, fields=SPECS.fields(),
+    spec_of=SPECS.spec_of, values=lambda s: {"bits": s.bits, "group": s.group_size},
+    options=frozenset({"lean", "progress", "head_top", "calibration"}), copies_target=True, assisted=SPECS.assisted,
     examples=("gptq4", "gptq3", "gptq4-g64", "gptq4-compiled"),
 )

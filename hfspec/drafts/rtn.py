@@ -19,7 +19,6 @@ RTN_BITS = (2, 8)
 GROUP_SIZES = (8, 8192)
 STEPS = ("eager", "compiled")  # how an RTN draft's lean one-token step runs
 HEAD_DEFAULT = "default"  # the form's head_top value for no -topK: the draft's own choice (`hfspec.drafts.lean`)
-_RTN = re.compile(r"rtn(\d+)(?:-g(\d+))?(?:-top(\d+))?(-compiled)?")
 
 
 def make_rtn_draft(target: nn.Module, bits: int, group_size: int, fused: bool | None = None,
@@ -74,30 +73,80 @@ def make_rtn_draft(target: nn.Module, bits: int, group_size: int, fused: bool | 
     return quantize_model(target, bits, group_size, fused=fused, codes=codes)
 
 
-def _parse(text: str, low: str) -> DraftSpec | None:
-    if not low.startswith("rtn"):
-        return None
-    match = _RTN.fullmatch(low)
-    if not match:
-        raise fail(f"cannot read {text!r} (write rtnB, rtnB-gN, optionally -topK, optionally ending in -compiled, "
-                   "e.g. rtn4, rtn3-g64, rtn4-top0, rtn4-compiled)")
-    bits = int(match.group(1))
-    if not RTN_BITS[0] <= bits <= RTN_BITS[1]:
-        raise fail(f"bits must be {RTN_BITS[0]}..{RTN_BITS[1]}, got {bits}")
-    group = int(match.group(2)) if match.group(2) else DEFAULT_GROUP_SIZE
-    if not GROUP_SIZES[0] <= group <= GROUP_SIZES[1]:
-        raise fail(f"group size must be {GROUP_SIZES[0]}..{GROUP_SIZES[1]}, got {group}")
-    params = ()
-    if match.group(3) is not None:
-        from hfspec.drafts.lean import HEAD_TOP_MAX
+class GroupSpecs:
+    """The spec grammar of a kind of group-quantised copy, `<prefix>B[-gN][-topK][-compiled]` (rtn, gptq): how a
+    string reads, its label, the string of form values, the head_top option, HF assisted generation."""
 
-        top = int(match.group(3))
-        if top > HEAD_TOP_MAX:
-            raise fail(f"-topK (head logits re-scored) must be 0..{HEAD_TOP_MAX}, got {top}")
-        params += (("head_top", top),)
-    if match.group(4):
-        params += (("step", "compiled"),)
-    return DraftSpec("rtn", bits=bits, group_size=group, params=params)
+    def __init__(self, prefix: str, bits: tuple[int, int]):
+        self.prefix, self.bits = prefix, bits
+        self.pattern = re.compile(prefix + r"(\d+)(?:-g(\d+))?(?:-top(\d+))?(-compiled)?")
+        self.allowed = f"{prefix}{bits[0]}..{prefix}{bits[1]}[-gN][-topK][-compiled]"
+
+    def parse(self, text: str, low: str) -> DraftSpec | None:
+        p = self.prefix
+        if not low.startswith(p):
+            return None
+        match = self.pattern.fullmatch(low)
+        if not match:
+            raise fail(f"cannot read {text!r} (write {p}B, {p}B-gN, optionally -topK, optionally ending in "
+                       f"-compiled, e.g. {p}4, {p}3-g64, {p}4-top0, {p}4-compiled)")
+        bits = int(match.group(1))
+        if not self.bits[0] <= bits <= self.bits[1]:
+            raise fail(f"bits must be {self.bits[0]}..{self.bits[1]}, got {bits}")
+        group = int(match.group(2)) if match.group(2) else DEFAULT_GROUP_SIZE
+        if not GROUP_SIZES[0] <= group <= GROUP_SIZES[1]:
+            raise fail(f"group size must be {GROUP_SIZES[0]}..{GROUP_SIZES[1]}, got {group}")
+        params = ()
+        if match.group(3) is not None:
+            from hfspec.drafts.lean import HEAD_TOP_MAX
+
+            top = int(match.group(3))
+            if top > HEAD_TOP_MAX:
+                raise fail(f"-topK (head logits re-scored) must be 0..{HEAD_TOP_MAX}, got {top}")
+            params += (("head_top", top),)
+        if match.group(4):
+            params += (("step", "compiled"),)
+        return DraftSpec(p, bits=bits, group_size=group, params=params)
+
+    def spec_of(self, values: dict) -> str:
+        group = int(values.get("group") or DEFAULT_GROUP_SIZE)
+        step = values.get("step") or STEPS[0]
+        if step not in STEPS:
+            raise fail(f"step must be one of {', '.join(STEPS)}, got {step!r}")
+        top = values.get("head_top")
+        return (f"{self.prefix}{int(values['bits'])}" + (f"-g{group}" if group != DEFAULT_GROUP_SIZE else "")
+                + _top_suffix(None if top in ("", HEAD_DEFAULT) else top) + _step_suffix(step))
+
+    def label(self, spec: DraftSpec) -> str:
+        return (f"{self.prefix}{spec.bits}-g{spec.group_size}" + _top_suffix(spec.param("head_top"))
+                + _step_suffix(spec.param("step", STEPS[0])))
+
+    @staticmethod
+    def options(spec: DraftSpec, options: dict) -> dict:
+        """`options` with the spec's head_top (-topK) in; a different head_top option is an error naming both."""
+        top = spec.param("head_top")
+        if top is None:
+            return options
+        if options.get("head_top") is not None and options["head_top"] != top:
+            raise HfspecError(f"draft options: the spec {spec.label} says head_top={top} and the option says "
+                              f"head_top={options['head_top']!r}; allowed: one of them, or both the same")
+        return {**options, "head_top": top}
+
+    @staticmethod
+    def assisted(target, draft, spec: DraftSpec, gamma: int):
+        """A lean draft has no `generate`: HF assisted generation runs its HF-forward copy (no compiled step)."""
+        if callable(getattr(draft, "generate", None)):
+            return None
+        from hfspec.drafts import make_draft
+
+        eager = DraftSpec(spec.kind, bits=spec.bits, group_size=spec.group_size)
+        return {"assistant_model": make_draft(target, eager, lean=False)}, f"{eager.label} through the HF forward"
+
+    def fields(self) -> tuple[Field, ...]:
+        return (Field("bits", "bits", 4, low=self.bits[0], high=self.bits[1]),
+                Field("group", "group size", DEFAULT_GROUP_SIZE, choices=(32, 64, 128, 256)),
+                Field("step", "draft step", STEPS[0], choices=STEPS),
+                Field("head_top", "head logits re-scored", HEAD_DEFAULT, choices=(HEAD_DEFAULT, 0, 8, 32, 128)))
 
 
 def _top_suffix(top) -> str:
@@ -110,48 +159,18 @@ def _step_suffix(step: str) -> str:
     return "-compiled" if step == "compiled" else ""
 
 
+SPECS = GroupSpecs("rtn", RTN_BITS)
+
+
 def _build(target, spec: DraftSpec, options: dict):
-    top = spec.param("head_top")
-    if top is not None:
-        if options.get("head_top") is not None and options["head_top"] != top:
-            raise HfspecError(f"draft options: the spec {spec.label} says head_top={top} and the option says "
-                              f"head_top={options['head_top']!r}; allowed: one of them, or both the same")
-        options = {**options, "head_top": top}
-    return make_rtn_draft(target, spec.bits, spec.group_size, compiled=spec.param("step") == "compiled", **options)
-
-
-def _spec_of(values: dict) -> str:
-    group = int(values.get("group") or DEFAULT_GROUP_SIZE)
-    step = values.get("step") or STEPS[0]
-    if step not in STEPS:
-        raise fail(f"step must be one of {', '.join(STEPS)}, got {step!r}")
-    top = values.get("head_top")
-    return (f"rtn{int(values['bits'])}" + (f"-g{group}" if group != DEFAULT_GROUP_SIZE else "")
-            + _top_suffix(None if top in ("", HEAD_DEFAULT) else top) + _step_suffix(step))
-
-
-def _label(spec: DraftSpec) -> str:
-    return f"rtn{spec.bits}-g{spec.group_size}" + _top_suffix(spec.param("head_top")) + _step_suffix(spec.param("step", STEPS[0]))
-
-
-def _assisted(target, draft, spec: DraftSpec, gamma: int):
-    """A lean draft has no `generate`: HF assisted generation runs its HF-forward copy (without a compiled step)."""
-    if callable(getattr(draft, "generate", None)):
-        return None
-    from hfspec.drafts import make_draft
-
-    eager = DraftSpec("rtn", bits=spec.bits, group_size=spec.group_size)
-    return {"assistant_model": make_draft(target, eager, lean=False)}, f"{eager.label} through the HF forward"
+    return make_rtn_draft(target, spec.bits, spec.group_size, compiled=spec.param("step") == "compiled",
+                          **SPECS.options(spec, options))
 
 
 KIND = DraftKind(
-    name="rtn", title="quantised copy (RTN)", allowed=f"rtn{RTN_BITS[0]}..rtn{RTN_BITS[1]}[-gN][-topK][-compiled]",
-    parse=_parse, build=_build, label=_label,
-    fields=(Field("bits", "bits", 4, low=RTN_BITS[0], high=RTN_BITS[1]),
-            Field("group", "group size", DEFAULT_GROUP_SIZE, choices=(32, 64, 128, 256)),
-            Field("step", "draft step", STEPS[0], choices=STEPS),
-            Field("head_top", "head logits re-scored", HEAD_DEFAULT, choices=(HEAD_DEFAULT, 0, 8, 32, 128))),
-    spec_of=_spec_of, values=lambda s: {"bits": s.bits, "group": s.group_size},
-    options=frozenset({"fused", "lean", "progress", "head_top"}), copies_target=True, assisted=_assisted,
+    name="rtn", title="quantised copy (RTN)", allowed=SPECS.allowed,
+    parse=SPECS.parse, build=_build, label=SPECS.label, fields=SPECS.fields(),
+    spec_of=SPECS.spec_of, values=lambda s: {"bits": s.bits, "group": s.group_size},
+    options=frozenset({"fused", "lean", "progress", "head_top"}), copies_target=True, assisted=SPECS.assisted,
     examples=("rtn4", "rtn3", "rtn8", "rtn4-g64", "rtn4-top0", "rtn4-compiled"),
 )
