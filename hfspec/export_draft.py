@@ -119,6 +119,9 @@ def check_exportable(spec):
     why = {
         "bnb": "a bitsandbytes draft is bitsandbytes' own format (save it with save_pretrained of a model loaded "
                "with BitsAndBytesConfig); export an RTN draft instead",
+        "gptq": "a calibrated draft's groups have float zero points, and compressed-tensors' integer zero points "
+                "cannot hold them without rounding the codes again, which undoes the calibration; export the RTN "
+                "draft of the same bits",
         "lookup": "prompt lookup has no weights (vLLM does it itself: --speculative-config "
                   "'{\"method\": \"ngram\", ...}')",
         "sibling": f"a sibling is already a checkpoint: serve {parsed.source} as the draft model directly",

@@ -86,6 +86,7 @@ def _decodes(target, draft, ids):
 @pytest.mark.parametrize("spec, words", [
     ("rtn3", "4 or 8-bit"), ("rtn6-g64", "4 or 8-bit"), ("rtn4-g256", "group size 256"),
     ("bnb-nf4", "bitsandbytes"), ("lookup", "no weights"), (str(MODELS / "nano"), "already a checkpoint"),
+    ("gptq4", "float zero points"),
 ])
 def test_unexportable_specs_name_draft_and_allowed(spec, words):
     with pytest.raises(HfspecError, match="draft: ") as error:
