@@ -21,6 +21,20 @@ def _gamma(text: str):
         raise argparse.ArgumentTypeError(f"gamma: got {text!r}; allowed: an integer 1..64 or auto") from None
 
 
+def _coupling(text: str) -> str:
+    if text in ("rejection", "gumbel"):
+        return text
+    raise argparse.ArgumentTypeError(f"coupling: got {text!r}; allowed: rejection (the default) or gumbel "
+                                     "(draft-invariant: the text for a seed is the same whatever the draft and gamma)")
+
+
+def _coupling_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--coupling", type=_coupling, metavar="{rejection,gumbel}",
+                   help="how draft and target are coupled when sampling: rejection (default; most accepted) or "
+                        "gumbel (draft-invariant: Gumbel-max on noise keyed by seed and position, so the text for a "
+                        "seed is the same whatever the draft and gamma; fewer accepted)")
+
+
 def _draft_specs() -> str:
     """The allowed draft specs, from the registry of draft kinds (escaped for argparse's %-formatting)."""
     from hfspec.drafts.registry import allowed
@@ -57,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--tree", type=_tree_arg,
                      help="auto: a token tree sized by the cost model; 2..8: candidates per unsure draft position "
                           "(sibling leaves); 0: the plain chain")
+    _coupling_option(run)
     run.add_argument("--no-baseline", action="store_true", help="skip the plain run (measured speed-up)")
     run.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-new-tokens tokens")
     run.add_argument("--json", action="store_true", help="print statistics as JSON")
@@ -72,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--csv", metavar="FILE")
     sweep.add_argument("--plot", metavar="FILE.png")
     sweep.add_argument("--no-greedy-check", action="store_true", help="skip the temperature-0 identity check")
+    _coupling_option(sweep)
 
     compare = sub.add_parser("compare", help="several drafts on the same prompt and settings")
     _common(compare)
@@ -80,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--repeats", type=int, default=1)
     compare.add_argument("--json", action="store_true")
     compare.add_argument("--csv", metavar="FILE")
+    _coupling_option(compare)
 
     bench = sub.add_parser("bench", help="plain generate vs HF assisted vs hfspec, tokens/s side by side")
     _common(bench)
@@ -206,7 +223,7 @@ def _settings(args, **extra):
         "target": args.target, "draft": args.draft, "temperature": args.temperature, "top_k": args.top_k,
         "top_p": args.top_p, "max_new_tokens": args.max_new_tokens, "seed": args.seed, "prompt": args.prompt,
         "gamma": getattr(args, "gamma", None), "early_exit": getattr(args, "early_exit", None) or None,
-        "tree": getattr(args, "tree", None),
+        "tree": getattr(args, "tree", None), "coupling": getattr(args, "coupling", None),
     }.items() if v is not None}
     settings = replace(RunSettings.from_preset(args.preset, **overrides), **extra).validated()
     for spec in (getattr(args, "drafts", None) or settings.draft).split(","):
@@ -246,6 +263,9 @@ def cmd_run(args) -> int:
     print()
     print(report.legend(colour))
     print("\n".join(report.stats_lines(result.stats, result.baseline, result.measured_speedup, result.measurement)))
+    if settings.coupling == "gumbel" and settings.temperature > 0:
+        print(f"coupling gumbel: draft-invariant sampling, the text of seed {settings.seed} whatever the draft and "
+              "gamma (fewer tokens accepted than with rejection)")
     note = exactness_note(session.load_target(settings.target)[0])  # "" for float32
     if note:
         print(note)

@@ -51,6 +51,7 @@ class DecodeJob:
     stats: SpecStats | None = None
     target_runner: object = None
     tree: object = None  # `hfspec.tree.Tree` (sibling leaves) or `hfspec.dyntree.DynamicTree` (batch size 1)
+    noise: object = None  # `hfspec.coupling.GumbelNoise`: coupling="gumbel" when sampling (None: rejection)
 
 
 @dataclass
@@ -137,6 +138,10 @@ class _Run:
         self.active = list(range(batch))
         self.round_index = 0
 
+    def offsets(self) -> list[int]:
+        """Per active row, how many new tokens it has: the position of its next token (the noise's key)."""
+        return [len(self.out[row]) for row in self.active]
+
     def history(self, row: int) -> torch.Tensor:
         return torch.cat([self.input_ids[row], self.input_ids.new_tensor(self.out[row])])
 
@@ -173,13 +178,14 @@ def propose(run: _Run) -> Proposal:
     groups = _history_groups([run.history(r) for r in run.active], device) if job.scorer.needs_history else None
     clock = (run.draft.seconds, run.draft.forwards)
     early = getattr(job.policy, "decide", None)  # an early exit (hfspec.early_exit) ends the draft's round
-    x, q = run.draft.propose(run.slots, gamma, run.meter.timed(_picker(job, groups, device)),
+    x, q = run.draft.propose(run.slots, gamma, run.meter.timed(_picker(job, groups, device, run)),
                              **({"decide": early} if early else {}))
     return Proposal(x, q, start, gamma, groups, clock)
 
 
-def _picker(job: DecodeJob, groups, device):
+def _picker(job: DecodeJob, groups, device, run: _Run):
     scorer, generator = job.scorer, job.generator
+    batch_rows, offsets = list(run.active), run.offsets()
 
     def pick(logits: torch.Tensor, x_so_far: torch.Tensor):
         """The draft's next token and its distribution q, processed exactly as the target's p will be."""
@@ -187,6 +193,11 @@ def _picker(job: DecodeJob, groups, device):
         ctx = [(rows, torch.cat([ids, x_so_far[rows]], dim=1)) for rows, ids in groups] if groups else None
         if not scorer.do_sample:
             return scorer.greedy(ctx, x_so_far, logits)[:, 0], None
+        if job.noise is not None:  # coupling="gumbel": argmax(log q + g) with the target's noise at this position
+            j = x_so_far.shape[1]
+            noise = job.noise.at(batch_rows, [o + j for o in offsets], 1, scorer.vocab_size, device)
+            x_j, q_j = scorer.gumbel(ctx, x_so_far, logits, noise, with_probs=True)
+            return x_j[:, 0], q_j[:, 0]
         q_j = scorer.probs(ctx, x_so_far, logits)[:, 0]
         return sample(q_j, generator), q_j
 
@@ -204,7 +215,13 @@ def verify_proposal(run: _Run, proposal: Proposal) -> Verdict:
                              slots.all_valid)
     logits = logits.to(run.input_ids.device)
     run.meter.scoring()
-    if scorer.do_sample:
+    if scorer.do_sample and run.job.noise is not None:
+        # coupling="gumbel": the target's tokens are argmax(log p + g) at the γ + 1 positions; a proposal is kept
+        # iff it is the target's token there (greedy verification of the perturbed argmaxes)
+        noise = run.job.noise.at(run.active, run.offsets(), gamma + 1, scorer.vocab_size, run.input_ids.device)
+        tokens, _ = scorer.gumbel(proposal.groups, proposal.x, logits, noise)
+        n, token = verify_greedy(tokens, proposal.x)
+    elif scorer.do_sample:
         # q None: a draft without distributions proposes deterministically (q one-hot on x; `verify` forms it
         # only at the one position per row that needs it)
         n, token = verify(scorer.probs(proposal.groups, proposal.x, logits), proposal.q, proposal.x, run.job.generator)

@@ -12,13 +12,14 @@ import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from hfspec import validate
+from hfspec.coupling import GumbelNoise
 from hfspec.decoding import DecodeJob, decode
 from hfspec.drafts.base import NoDraft, as_draft
 from hfspec.dyntree import make_tree
 from hfspec.early_exit import check_early_exit, with_early_exit
 from hfspec.gamma import AdaptiveGamma, FixedGamma
 from hfspec.options import check_speculative_options, given_to_generate
-from hfspec.request import Request
+from hfspec.request import Request, check_coupling_seed
 from hfspec.scoring import Scorer
 from hfspec.stats import SpecStats
 from hfspec.stopping import Stopper
@@ -51,15 +52,18 @@ def speculative_generate(
     hfspec_request: Request | None = None,
     early_exit: bool = False,
     tree: int | str = 0,
+    coupling: str = "rejection",
     **model_kwargs,
 ):
     """The decoding loop transformers calls after its input preparation (pass as `custom_generate=`).
     `hfspec_request`: the request `hfspec.generate` already checked (the other hfspec arguments are then unused).
     `tree`: 2..8 candidates per unsure draft position (`hfspec.tree`), "auto" or a `TreeShape` for a token tree
-    (`hfspec.dyntree`); 0 or 1 proposes the plain chain."""
+    (`hfspec.dyntree`); 0 or 1 proposes the plain chain. `coupling`: "rejection" or "gumbel" (`hfspec.coupling`)."""
     request = hfspec_request or Request.for_loop(model, input_ids, draft_model, gamma, plain=plain, seed=seed,
                                                  on_round=on_round, should_stop=should_stop, early_exit=early_exit,
-                                                 tree=tree)
+                                                 tree=tree, coupling=coupling)
+    sampling = bool(generation_config.do_sample)
+    check_coupling_seed(request.coupling, request.seed, sampling)
     stopping_criteria = check_speculative_options(model, request.draft, input_ids, generation_config,
                                                   stopping_criteria, streamer, stop_strings)
     streamer = streamer if streamer is not None else given_to_generate("streamer")
@@ -71,7 +75,7 @@ def speculative_generate(
     else:  # with a seed, γ "auto" must not read this run's timings: the text must depend on the seed alone
         policy = _policy(request.gamma, stats) if request.seed is None else _seeded_policy(request.gamma, stats)
     job = DecodeJob(
-        scorer=Scorer(logits_processor, bool(generation_config.do_sample), validate.vocab_size(model)),
+        scorer=Scorer(logits_processor, sampling, validate.vocab_size(model)),
         stopper=Stopper(stopping_criteria, eos, generation_config.max_length),
         policy=policy,
         pad_token_id=_pad_id(generation_config._pad_token_tensor, eos),
@@ -81,6 +85,7 @@ def speculative_generate(
         should_stop=request.should_stop,
         stats=stats,
         tree=_tree(request, stats, input_ids.device),
+        noise=GumbelNoise(request.seed) if request.coupling == "gumbel" and sampling else None,
     )
     draft = NoDraft() if request.plain else as_draft(request.draft, vocab=request.draft_vocab)
     if request.early_exit:
@@ -109,6 +114,7 @@ def generate(
     should_stop=None,
     early_exit: bool = False,
     tree: int | str = 0,
+    coupling: str = "rejection",
     **generation_kwargs,
 ) -> SpeculativeOutput:
     """Speculative decoding of `target` with `draft`; returns `.sequences`, `.stats` and `.token_kinds`.
@@ -126,11 +132,17 @@ def generate(
     `repetition_penalty`, `stopping_criteria`, `streamer`, `logits_processor`). `tree` ≥ 2: sibling candidates
     where the draft is unsure, scored in the same target pass (batch size 1; see `hfspec.tree`); `tree="auto"`: a
     token tree whose branches continue, sized by the cost model (`hfspec.dyntree`; a `TreeShape` fixes its size).
+
+    coupling: "rejection" (default; Leviathan et al.'s rule) or "gumbel", draft-invariant sampling
+    (`hfspec.coupling`; needs a `seed`, no tree): every token is the target's Gumbel-max draw with noise keyed by
+    (seed, batch row, position), so the text for a seed is the same whatever the draft and γ, and equal to
+    `plain_generate(..., coupling="gumbel")`; fewer proposals are accepted than with "rejection".
     """
     return _run(Request.for_generate(
         target, input_ids, draft, gamma, plain=False, temperature=temperature, top_k=top_k, top_p=top_p,
         max_new_tokens=max_new_tokens, seed=seed, attention_mask=attention_mask, on_round=on_round,
-        should_stop=should_stop, generation_kwargs=generation_kwargs, early_exit=early_exit, tree=tree))
+        should_stop=should_stop, generation_kwargs=generation_kwargs, early_exit=early_exit, tree=tree,
+        coupling=coupling))
 
 
 def plain_generate(
@@ -144,13 +156,15 @@ def plain_generate(
     attention_mask: torch.Tensor | None = None,
     on_round=None,
     should_stop=None,
+    coupling: str = "rejection",
     **generation_kwargs,
 ) -> SpeculativeOutput:
-    """The baseline: one target pass per token through the same loop (same sampling, same statistics)."""
+    """The baseline: one target pass per token through the same loop (same sampling, same statistics).
+    `coupling="gumbel"` samples by Gumbel-max with hfspec's seeded noise: the text `generate` gives with it."""
     return _run(Request.for_generate(
         target, input_ids, None, 1, plain=True, temperature=temperature, top_k=top_k, top_p=top_p,
         max_new_tokens=max_new_tokens, seed=seed, attention_mask=attention_mask, on_round=on_round,
-        should_stop=should_stop, generation_kwargs=generation_kwargs))
+        should_stop=should_stop, generation_kwargs=generation_kwargs, coupling=coupling))
 
 
 def _run(request: Request) -> SpeculativeOutput:

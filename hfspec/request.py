@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from hfspec import validate
+from hfspec.coupling import check_coupling
 from hfspec.options import check_generate_kwargs
 
 _DRAFT_ALLOWED = "a draft model (hfspec.make_draft(target, 'rtn4'), or a sibling)"
@@ -38,14 +39,17 @@ class Request:
     max_new_tokens: int | None = None
     generate_kwargs: dict = field(default_factory=dict)
     early_exit: bool = False  # the draft may end a round early (`hfspec.early_exit`)
+    coupling: str = "rejection"  # or "gumbel": draft-invariant sampling (`hfspec.coupling`)
 
     @classmethod
     def for_loop(cls, target, input_ids, draft, gamma, *, plain=False, seed=None, on_round=None,
                  should_stop=None, draft_field: str = "draft_model", early_exit: bool = False,
-                 tree: int = 0) -> Request:
-        """The checks the decoding loop relies on: seed, γ, a draft that shares the target's tokens, and
-        position ids for batches."""
+                 tree: int = 0, coupling: str = "rejection") -> Request:
+        """The checks the decoding loop relies on: seed, γ, a draft that shares the target's tokens, position
+        ids for batches, and a coupling the other options keep (the seed it needs is checked once the loop knows
+        whether it samples: `check_coupling_seed`)."""
         validate.check_seed(seed)
+        check_coupling(coupling)
         if not isinstance(early_exit, bool):
             raise validate.bad_value("early_exit", early_exit, "True or False")
         vocab = None
@@ -59,13 +63,17 @@ class Request:
         if input_ids.shape[0] > 1 and not validate.accepts_positions(target, draft):
             raise validate.bad_value("input_ids", tuple(input_ids.shape), "batch size 1 for models without position_ids")
         check_tree(tree, plain, input_ids, target)
+        if coupling == "gumbel" and _is_tree(tree):
+            raise validate.bad_value("tree", tree, '0 or 1 with coupling="gumbel" (tree speculation keeps the law by '
+                                     "recursive rejection, not the draft-invariant text)")
         return cls(target, draft, gamma, plain, seed, on_round, should_stop, vocab, early_exit=early_exit and not plain,
-                   tree=tree)
+                   tree=tree, coupling=coupling)
 
     @classmethod
     def for_generate(cls, target, input_ids, draft, gamma, *, plain: bool, temperature=None, top_k=None, top_p=None,
                      max_new_tokens=None, seed=None, attention_mask=None, on_round=None, should_stop=None,
-                     generation_kwargs: dict | None = None, early_exit: bool = False, tree: int = 0) -> Request:
+                     generation_kwargs: dict | None = None, early_exit: bool = False, tree: int = 0,
+                     coupling: str = "rejection") -> Request:
         """`hfspec.generate` / `plain_generate`'s arguments, checked before any model runs."""
         kwargs = check_generate_kwargs(input_ids, temperature, seed, generation_kwargs or {})
         tree = kwargs.pop("tree", tree)  # from plain_generate's **generation_kwargs: checked, never passed on
@@ -75,9 +83,11 @@ class Request:
         validate.check_input_ids(input_ids, attention_mask)
         request = replace(
             cls.for_loop(target, input_ids, draft, gamma, plain=plain, seed=seed, on_round=on_round,
-                         should_stop=should_stop, draft_field="draft", early_exit=early_exit, tree=tree),
+                         should_stop=should_stop, draft_field="draft", early_exit=early_exit, tree=tree,
+                         coupling=coupling),
             input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
             generate_kwargs=_sampling_kwargs(kwargs, temperature, top_k, top_p, max_new_tokens))
+        check_coupling_seed(coupling, seed, bool(temperature))  # temperature None: checked by the loop
         validate.check_length(target, input_ids.shape[1], max_new_tokens)
         return request
 
@@ -88,6 +98,18 @@ class Request:
 
 
 TREE_MAX = 8
+
+
+def check_coupling_seed(coupling: str, seed, do_sample: bool) -> None:
+    """coupling="gumbel" keys its noise by the seed: sampling without one is refused (greedy needs none)."""
+    if coupling == "gumbel" and do_sample and seed is None:
+        raise validate.bad_value("seed", None, 'an integer with coupling="gumbel" (its noise is keyed by the seed, '
+                                 "the batch row and the position; the seed alone fixes the text)")
+
+
+def _is_tree(tree) -> bool:
+    """True for a tree setting that is not the plain chain (2..8 siblings, "auto" or a TreeShape)."""
+    return not (isinstance(tree, int) and not isinstance(tree, bool) and tree <= 1)
 
 
 TREE_ALLOWED = f"an integer from 0 to {TREE_MAX} (0 or 1: no tree), \"auto\" or an hfspec.TreeShape"

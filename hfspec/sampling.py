@@ -193,6 +193,13 @@ def _draft_at(q: torch.Tensor | None, x: torch.Tensor, n: torch.Tensor, like: to
     return torch.zeros_like(like).scatter_(-1, x[rows, at].unsqueeze(-1), hot)
 
 
+def gumbel_argmax(scores: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """argmax(scores + noise) over the last dimension, in float64. With noise i.i.d. Gumbel(0, 1) this is a draw
+    from softmax(scores) (the Gumbel-max trick; −inf scores are never chosen): the token rule of
+    `coupling="gumbel"` (`hfspec.coupling`), for the draft's proposals and the target's tokens alike."""
+    return first_argmax(scores.double() + noise)
+
+
 def verify_greedy(target_tokens: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`verify` at temperature 0, where p and q are one-hot: keep draft tokens while they equal the target's
     argmax, then take the target's token. target_tokens [B, γ+1] (argmax of p), x [B, γ]. Same result as

@@ -11,7 +11,7 @@ from transformers import LogitsProcessorList
 from transformers.generation import logits_process as lp
 
 from hfspec.errors import HfspecError
-from hfspec.sampling import first_argmax, kth_largest, scores_to_probs
+from hfspec.sampling import first_argmax, gumbel_argmax, kth_largest, scores_to_probs
 
 # Warpers whose output depends only on the scores, never on the token history: safe to apply to many
 # positions in one call.
@@ -69,6 +69,19 @@ class Scorer:
         tokens = first_argmax(scores)
         require_distributions(_best_is_finite(scores, tokens), scores, history)
         return tokens
+
+    def gumbel(self, history: list | None, extra: torch.Tensor, logits: torch.Tensor, noise: torch.Tensor,
+               with_probs: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Tokens [B, k] argmax(processed scores + noise) (`coupling="gumbel"`, `hfspec.coupling`; noise [B, k, V]
+        Gumbel), and with `with_probs` the distributions [B, k, V] they are draws from (what `probs` returns)."""
+        scores = self.scores(history, extra, logits)
+        if with_probs:
+            probs = scores_to_probs(scores, True)
+            require_distributions(probs.sum(-1) > 0, scores, history)
+        else:  # the largest score must be finite: no NaN, no +inf, not every token at −inf (as `probs` requires)
+            probs = None
+            require_distributions(scores.amax(-1).isfinite(), scores, history)
+        return gumbel_argmax(scores, noise), probs
 
     def scores(self, history: list | None, extra: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """Processed scores [B, k, V] (the arguments of `probs`)."""

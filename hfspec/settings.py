@@ -39,6 +39,7 @@ class RunSettings:
     early_exit: bool = False  # the draft may end a round early when another token does not pay (hfspec.early_exit)
     tree: int | str = 0  # 2..8: candidates per unsure draft position (hfspec.tree); "auto": a token tree
     # (hfspec.dyntree); 0 or 1: the plain chain
+    coupling: str = "rejection"  # or "gumbel": draft-invariant sampling, the text fixed by the seed (hfspec.coupling)
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> RunSettings:
@@ -68,6 +69,11 @@ class RunSettings:
         if self.tree != "auto" and (isinstance(self.tree, bool) or not isinstance(self.tree, int)
                                     or not 0 <= self.tree <= TREE_MAX):
             raise bad_value("tree", self.tree, f"an integer from 0 to {TREE_MAX} (0 or 1: no tree) or \"auto\"")
+        from hfspec.coupling import check_coupling
+        check_coupling(self.coupling)
+        if self.coupling == "gumbel" and (self.tree == "auto" or self.tree > 1):
+            raise bad_value("tree", self.tree, '0 or 1 with coupling="gumbel" (tree speculation keeps the law by '
+                            "recursive rejection, not the draft-invariant text)")
         for name in ("temperature", "top_k", "top_p"):  # None is "off" for the API, not a settings value
             if getattr(self, name) is None:
                 raise bad_value(name, None, {"temperature": "a number >= 0", "top_k": "an integer >= 0 (0 is off)",
@@ -96,7 +102,8 @@ class RunSettings:
             "top_p": float(self.top_p),
             "max_new_tokens": int(self.max_new_tokens),
             "seed": int(self.seed),
-        } | ({"min_new_tokens": int(self.max_new_tokens)} if self.ignore_eos else {})
+        } | ({"min_new_tokens": int(self.max_new_tokens)} if self.ignore_eos else {}) | (
+            {"coupling": self.coupling} if self.coupling != "rejection" else {})
 
     def generate_kwargs(self) -> dict:
         return ({"gamma": self.gamma, **self.sampling_kwargs()} | ({"early_exit": True} if self.early_exit else {})
