@@ -69,7 +69,7 @@ def test_bad_specs_name_the_field(text, needle):
     message = str(err.value)
     assert message.startswith("draft: ") and needle in message
     assert f"allowed specs: {registry.allowed()}" in message
-    assert "rtn2..rtn8[-gN][-topK][-compiled], bnb-nf4, bnb-fp4, bnb-int8" in message and "or a model folder / hub id" in message
+    assert "rtn2..rtn8[-gN][-topK][-compiled], gptq2..gptq8[-gN][-topK][-compiled], bnb-nf4, bnb-fp4, bnb-int8" in message and "or a model folder / hub id" in message
 
 
 def test_exact_message_for_rtn9():
