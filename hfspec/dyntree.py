@@ -246,16 +246,7 @@ def _forward(runner, ids: torch.Tensor, pos: torch.Tensor, allowed: torch.Tensor
 
     if isinstance(runner, LeanRunner):
         return _lean_forward(runner.model, runner.cache, ids[None], pos[None], allowed)[:, -keep:]
-    device = runner.device
-    kwargs = {"input_ids": ids[None].to(device), runner._cache_kw: runner.cache, "use_cache": True,
-              "attention_mask": _additive(allowed, runner.model).to(device), "position_ids": pos[None].to(device)}
-    if runner._has_keep:
-        kwargs["logits_to_keep"] = keep
-    outputs = runner.model(**kwargs)
-    runner.cache = kv.cache_of(outputs)
-    if runner._sync:
-        torch.cuda.synchronize(device)
-    return outputs.logits[:, -keep:]
+    return runner.masked_forward(ids[None], pos[None], _additive(allowed, runner.model), keep)
 
 
 @torch.no_grad()

@@ -58,6 +58,20 @@ class CachedModel:
         self.cache = kv.cache_of(outputs)
         return outputs.logits[:, -keep:]
 
+    def masked_forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, keep: int) -> torch.Tensor:
+        """One HF forward over `ids` [1, T] at `positions` [1, T] on top of the cache, with a 4-D attention `mask`
+        [1, 1, T, cached + T] in the form the model takes (a tree's); keeps the cache it returns and gives logits
+        [1, keep, V] of the last `keep` rows. Timing and slot bookkeeping stay with the caller (trees)."""
+        kwargs = {"input_ids": ids.to(self.device), self._cache_kw: self.cache, "use_cache": True,
+                  "attention_mask": mask.to(self.device), "position_ids": positions.to(self.device)}
+        if self._has_keep:
+            kwargs["logits_to_keep"] = keep
+        outputs = self.model(**kwargs)
+        self.cache = kv.cache_of(outputs)
+        if self._sync:
+            torch.cuda.synchronize(self.device)
+        return outputs.logits[:, -keep:]
+
     def rollback(self, length: int) -> None:
         """Forget slots at and beyond `length`."""
         if self.cached > length:

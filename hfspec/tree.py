@@ -190,7 +190,7 @@ def feed_tree(runner, slots, start: int, gamma: int, leaves: list[tuple[int, int
     token), each leaf at x_j's position seeing the prefix and x_1..x_j−1 only. Returns logits [1, γ + 1 + L, V]:
     the γ + 1 chain positions from slot start − 1, then one per leaf. `runner`: a `CachedModel`."""
     began = time.perf_counter()
-    cached, end, device = runner.cached, start + gamma, runner.device
+    cached, end = runner.cached, start + gamma
     n_chain, n_leaf = end - cached, len(leaves)
     depth = torch.tensor([j for j, _ in leaves], dtype=torch.long)
     ids = torch.cat([slots.tokens[0, cached:end], torch.tensor([t for _, t in leaves], dtype=slots.tokens.dtype)])
@@ -205,24 +205,12 @@ def feed_tree(runner, slots, start: int, gamma: int, leaves: list[tuple[int, int
     dtype = _dtype(runner.model)
     mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
     keep = gamma + 1 + n_leaf
-    kwargs = {
-        "input_ids": ids[None].to(device),
-        runner._cache_kw: runner.cache,
-        "use_cache": True,
-        "attention_mask": mask[None, None].to(device),
-        "position_ids": positions[None].to(device),
-    }
-    if runner._has_keep:
-        kwargs["logits_to_keep"] = keep
-    outputs = runner.model(**kwargs)
-    runner.cache = kv.cache_of(outputs)
-    if runner._sync:
-        torch.cuda.synchronize(device)
+    logits = runner.masked_forward(ids[None], positions[None], mask[None, None], keep)
     runner.seconds += time.perf_counter() - began
     runner.cached = total
     runner.forwards += 1
     runner.positions_fed += n_chain + n_leaf
-    return outputs.logits[:, -keep:]
+    return logits
 
 
 def _dtype(model) -> torch.dtype:
