@@ -245,13 +245,7 @@ def sibling_chances(p: torch.Tensor, q: torch.Tensor, first, siblings: torch.Ten
     p, q: [V]; siblings: tokens drawn from q without replacement after `first`. Returns, per sibling, the
     probability it is accepted given that every candidate before it was rejected, and the distribution the
     token is drawn from when all are rejected. Deterministic: the random draws are the caller's."""
-    p, q = residual(p, q), without(q, first)
-    chances = []
-    for y in siblings.tolist():
-        q_y = float(q[y])
-        chances.append(min(1.0, float(p[y]) / q_y) if q_y > 0 else 0.0)
-        p, q = residual(p, q), without(q, y)
-    return chances, p
+    return children_chances(residual(p, q), without(q, first), siblings)
 
 
 def verify_tree(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, siblings: list[torch.Tensor],
