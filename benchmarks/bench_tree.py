@@ -11,19 +11,19 @@ fixed `TreeShape`s), same draft, same prompts.
 Per model, dtype and temperature, the methods run interleaved per repeat and prompt (each repeat its own seed;
 with timing, the first repeat is a warm-up that is not counted). A shape is NODESxDEPTHxBRANCHxWIDTH (see
 `hfspec.TreeShape`). Reported: tokens per target pass (what a tree is for), target positions per pass (the verify
-width it costs), draft forwards per pass (a token tree's levels), tokens/s and the ratio to the best chain's
-tokens/s (and, always, tokens per pass against the best chain's). --no-timing runs no clock at all. A markdown
+width it costs), draft forwards per pass (a token tree's levels), tokens/s, the ratio to plain `generate`
+and to the best chain's tokens/s (medians of per-round ratios with their intervals, by the benchmarks' one ruler,
+`common.timed_rounds`) and, always, tokens per pass against the best chain's. --no-timing runs no clock at all. A markdown
 table goes to stdout and, with --out, to OUT.md beside OUT.json.
 """
 
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
 
+import common
 import torch
-from common import model_folders, parser
+from common import model_folders, parser, verdict_cell, write_results
 
 import hfspec
 import hfspec.tree
@@ -71,58 +71,96 @@ def main() -> None:
     timing = not args.no_timing
     rows = []
     header = ("| model | dtype | T | method | tokens/pass | vs best chain (tokens/pass) | positions/pass "
-              "| draft fwd/pass | tok/s | vs best chain (tok/s) |")
-    lines = [header, "|" + "---|" * 10]
+              "| draft fwd/pass | tok/s | vs plain [interval] | vs best chain (tok/s) [interval] | verdict |")
+    lines = [header, "|" + "---|" * 12]
     print("\n".join(lines), flush=True)
     for name, folder in model_folders(args).items():
         for dtype in (["float32"] if name == "micro" else args.dtypes.split(",")):
             target, tokenizer = load(folder, dtype)
             draft = hfspec.make_draft(target, args.draft)
             prompts = [tokenizer(t, return_tensors="pt").input_ids for t in PROMPTS[: args.prompts]]
-            n = args.max_new_tokens
             todo = methods(args)
             for t in (float(x) for x in args.temperatures.split(",")):
-                pooled = {label: None for label, _ in todo}
-                seconds = dict.fromkeys(pooled, 0.0)
-                for r in range(args.repeats + int(timing)):
-                    for i, ids in enumerate(prompts):
-                        for label, kwargs in todo:  # interleaved: every method sees the same load
-                            began = time.perf_counter() if timing else 0.0
-                            out = hfspec.generate(target, ids, draft=draft, temperature=t, max_new_tokens=n,
-                                                  min_new_tokens=n, seed=args.seed + 100 * r + i, **kwargs)
-                            if r or not timing:
-                                if timing:
-                                    seconds[label] += time.perf_counter() - began
-                                pooled[label] = out.stats if pooled[label] is None else pooled[label].merge(out.stats)
-                chains = [label for label, _ in todo if label.startswith("chain")]
-                tpp = {label: s.new_tokens / s.target_passes for label, s in pooled.items()}
-                tps = {label: pooled[label].new_tokens / seconds[label] for label in pooled} if timing else {}
-                best_tpp = max(tpp[c] for c in chains) if chains else None
-                best_tps = max(tps[c] for c in chains) if chains and timing else None
-                for label, _ in todo:
-                    s = pooled[label]
-                    row = {"model": name, "dtype": dtype, "temperature": t, "method": label, "draft": args.draft,
-                           "new_tokens": s.new_tokens, "target_passes": s.target_passes,
-                           "tokens_per_pass": tpp[label],
-                           "tokens_per_pass_vs_best_chain": tpp[label] / best_tpp if best_tpp else None,
-                           "positions_per_pass": s.positions_fed_target / s.target_passes,
-                           "draft_forwards_per_pass": s.draft_forwards / s.target_passes,
-                           "tokens_per_second": tps.get(label),
-                           "vs_best_chain": tps[label] / best_tps if best_tps else None}
-                    rows.append(row)
-                    speed = f"{tps[label]:.1f}" if timing else ""
-                    ratio = f"{row['vs_best_chain']:.2f}×" if best_tps else ""
-                    line = (f"| {name} | {dtype} | {t:g} | {label} | {row['tokens_per_pass']:.2f} "
-                            f"| {row['tokens_per_pass_vs_best_chain'] or 0:.2f}× | {row['positions_per_pass']:.1f} "
-                            f"| {row['draft_forwards_per_pass']:.1f} "
-                            f"| {speed} | {ratio} |")
-                    lines.append(line)
-                    print(line, flush=True)
-    if args.out:
-        meta = {"command": vars(args), "timing": timing, "load": Path("/proc/loadavg").read_text().split()[:3]
-                if Path("/proc/loadavg").exists() else None}
-        Path(args.out + ".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
-        Path(args.out + ".md").write_text("\n".join(lines) + "\n")
+                runs = {label: _method(target, draft, prompts, t, args, kwargs) for label, kwargs in todo}
+                if timing:  # one ruler: interleaved rounds, a warm-up round, outliers re-measured, a verdict
+                    runs["plain"] = _plain(target, prompts, t, args.max_new_tokens)
+                    tokens = args.max_new_tokens * len(prompts)
+                    timings = common.timed_rounds({k: common.wall(fn, tokens) for k, fn in runs.items()},
+                                                  args.repeats, args.seed)
+                    pooled = {label: _pool(k[label].out for k in timings.kept) for label, _ in todo}
+                else:
+                    timings = None
+                    pooled = {label: _pool(runs[label](r) for r in range(args.repeats)) for label, _ in todo}
+                rows += _rows(name, dtype, t, todo, pooled, timings, args, lines)
+    write_results(args.out, lines, rows)
+
+
+def _method(target, draft, prompts, temperature: float, args, kwargs):
+    """fn(round) decoding every prompt with one method, each seeded by the round and the prompt; returns the
+    pooled `SpecStats`."""
+    n = args.max_new_tokens
+
+    def run(r: int):
+        stats = None
+        for i, ids in enumerate(prompts):
+            out = hfspec.generate(target, ids, draft=draft, temperature=temperature, max_new_tokens=n,
+                                  min_new_tokens=n, seed=args.seed + 100 * r + i, **kwargs)
+            stats = out.stats if stats is None else stats.merge(out.stats)
+        return stats
+    return run
+
+
+def _plain(target, prompts, temperature: float, tokens: int):
+    sample = (dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0
+              else dict(do_sample=False))
+
+    def run(r: int):
+        for ids in prompts:
+            target.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, **sample)
+    return run
+
+
+def _pool(stats):
+    pooled = None
+    for s in stats:
+        pooled = s if pooled is None else pooled.merge(s)
+    return pooled
+
+
+def _rows(name, dtype, t, todo, pooled, timings, args, lines) -> list[dict]:
+    chains = [label for label, _ in todo if label.startswith("chain")]
+    tpp = {label: s.new_tokens / s.target_passes for label, s in pooled.items()}
+    best_tpp = max(tpp[c] for c in chains) if chains else None
+    if timings is not None:
+        best = max(chains, key=lambda c: timings.ratio(c).median) if chains else None
+        verdict = verdict_cell(common.verdict_columns(timings))
+    out = []
+    for label, _ in todo:
+        s = pooled[label]
+        row = {"model": name, "dtype": dtype, "temperature": t, "method": label, "draft": args.draft,
+               "new_tokens": s.new_tokens, "target_passes": s.target_passes, "tokens_per_pass": tpp[label],
+               "tokens_per_pass_vs_best_chain": tpp[label] / best_tpp if best_tpp else None,
+               "positions_per_pass": s.positions_fed_target / s.target_passes,
+               "draft_forwards_per_pass": s.draft_forwards / s.target_passes}
+        cells = ["", "", ""]
+        if timings is not None:
+            ratio = timings.ratio(label)
+            row.update(tokens_per_second=ratio.tokens_per_second, vs_plain=ratio.median, vs_plain_low=ratio.low,
+                       vs_plain_high=ratio.high)
+            cells = [f"{ratio.tokens_per_second:.1f}", f"{ratio.median:.2f}× [{ratio.low:.2f}–{ratio.high:.2f}]", ""]
+            if best:
+                vs = common.rate_ratio(timings, label, best)
+                row.update(vs_best_chain=vs.median, vs_best_chain_low=vs.low, vs_best_chain_high=vs.high,
+                           best_chain=best)
+                cells[2] = vs.cell(unit="×")
+        out.append(row)
+        line = (f"| {name} | {dtype} | {t:g} | {label} | {row['tokens_per_pass']:.2f} "
+                f"| {row['tokens_per_pass_vs_best_chain'] or 0:.2f}× | {row['positions_per_pass']:.1f} "
+                f"| {row['draft_forwards_per_pass']:.1f} | {' | '.join(cells)} | "
+                f"{verdict if timings is not None else 'no timing'} |")
+        lines.append(line)
+        print(line, flush=True)
+    return out
 
 
 if __name__ == "__main__":

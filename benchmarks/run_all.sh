@@ -37,7 +37,10 @@ run() {  # run <title> <command...>: its output (stdout and stderr) into the fil
   } >> "$FILE"
 }
 
+[ -f "$OFFGRID/model.safetensors" ] || python offgrid.py "$SMOLLM2" "$OFFGRID" --report >&2
 run steps python bench_steps.py --models micro,stories260K,smollm2 --smollm2 "$SMOLLM2" --draft rtn4 --gamma 4
+run "verify width" python bench_verify_width.py --models smollm2-offgrid --smollm2-offgrid "$OFFGRID" \
+    --dtypes float32,bfloat16 --widths 1,2,5,8,16,24,32
 run engine python bench_engine.py --models micro,stories260K,smollm2 --smollm2 "$SMOLLM2" \
     --draft rtn4,rtn4-compiled --gamma 4 --max-new-tokens 128 --repeats 5
 run "hfspec run --preset micro-rtn4 (3 runs)" bash -c 'cd .. && for i in 1 2 3; do hfspec run --preset micro-rtn4 \
@@ -59,14 +62,13 @@ run wrapper env HFSPEC_COMPILE_DIR="$TMP/compile" python bench_wrapper.py --mode
 run tokens python bench_tokens.py --smollm2 "$SMOLLM2"
 run sibling python bench_sibling.py --pairs micro-nano,smollm2-360m/135m --repeats 5
 run scale python bench_scale.py --shapes smollm2-135m --dtypes bf16 --quick --out ''  # results/scale.* stay the full run's
-run tree python bench_tree.py --models micro,smollm2 --smollm2 "$SMOLLM2" --dtypes float32,bfloat16 --trees 2,3 \
-    --max-new-tokens 64 --repeats 3
+run tree python bench_tree.py --models micro,smollm2-offgrid --smollm2-offgrid "$OFFGRID" --draft gptq4-compiled \
+    --dtypes float32,bfloat16 --trees 2 --shapes auto,24x6x4x4 --temperatures 0,1 --max-new-tokens 64 --repeats 3
 run export python bench_export.py --smollm2 "$SMOLLM2"
 run hub python bench_hub.py --models smollm2 --smollm2 "$SMOLLM2"
 run "drafts alpha" python bench_drafts.py alpha --model ../../shared/models/stories260K
 run "drafts speed" python bench_drafts.py speed --model "$SMOLLM2"
 run fp32_linear python bench_fp32_linear.py
-[ -f "$OFFGRID/model.safetensors" ] || python offgrid.py "$SMOLLM2" "$OFFGRID" --report >&2
 run results python bench_results.py --smollm2-offgrid "$OFFGRID"
 run calibrated python bench_calibrated.py --models micro,smollm2-offgrid --smollm2-offgrid "$OFFGRID"
 rm -rf "$TMP"

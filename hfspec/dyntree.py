@@ -40,7 +40,11 @@ from hfspec import cache as kv
 from hfspec.sampling import draw_without_replacement, sample, verify_children
 
 NODES_MAX, DEPTH_MAX, BRANCH_MAX, WIDTH_MAX = 64, 12, 8, 16
-VERIFY_SLOPE_PRIOR = {"cpu": 0.05, "other": 0.005}  # seeded runs: a verify position's cost, in one-token passes
+# seeded runs: a verify position's marginal cost in one-token target passes, by device and target dtype. On a
+# 2-core AVX-512 CPU (SmolLM2-135M, benchmarks/bench_verify_width.py): fp32 16 positions ≈ 2.1× one (MKL's
+# multi-row sgemm), bf16 ≈ 1.2× (oneDNN): ≈ 0.07 and ≈ 0.013 per position.
+VERIFY_SLOPE_PRIOR = {("cpu", "float32"): 0.07, ("cpu", "bfloat16"): 0.015, ("cpu", "float16"): 0.015,
+                      ("other", ""): 0.005}
 SHRINK = 4.0  # pseudo-counts pulling a depth/rank's acceptance ratio to the prior while it has little evidence
 
 
@@ -76,10 +80,10 @@ class AutoShape:
     PRIOR = (0.7, 0.15)  # chance of a first child, of a later one, before evidence
     PSEUDO = 2.0  # pseudo-counts of the prior
 
-    def __init__(self, timed: bool, c_prior: float, device: str = "cpu"):
+    def __init__(self, timed: bool, c_prior: float, device: str = "cpu", dtype: str = "float32"):
         self.timed = timed
         self.c_prior = c_prior if c_prior > 0 else 0.2
-        self.slope_prior = VERIFY_SLOPE_PRIOR["cpu" if device == "cpu" else "other"]
+        self.slope_prior = slope_prior(device, dtype)
         self.limits = TreeShape(NODES_MAX, DEPTH_MAX, BRANCH_MAX, 8)
         self.tried: dict[tuple[int, int], float] = {}
         self.accepted: dict[tuple[int, int], float] = {}
@@ -146,6 +150,14 @@ class AutoShape:
         if self.timed:
             self._verify.append((positions, verify_seconds))
             self._levels.extend(level_seconds)
+
+
+def slope_prior(device: str, dtype: str) -> float:
+    """A verify position's cost before this run has timed any (`VERIFY_SLOPE_PRIOR`): fp32 on a CPU where the
+    dtype is not listed, the accelerator's value off the CPU."""
+    if device != "cpu":
+        return VERIFY_SLOPE_PRIOR[("other", "")]
+    return VERIFY_SLOPE_PRIOR.get((device, dtype), VERIFY_SLOPE_PRIOR[("cpu", "float32")])
 
 
 @dataclass
@@ -506,10 +518,11 @@ def dynamic_round(run, tree: DynamicTree):
     return proposal, verdict
 
 
-def make_tree(tree, seeded: bool, c_bytes: float, device: str = "cpu") -> DynamicTree | None:
+def make_tree(tree, seeded: bool, c_bytes: float, device: str = "cpu", dtype: str = "float32"
+              ) -> DynamicTree | None:
     """The run's `DynamicTree` for a `tree` argument ("auto" or a `TreeShape`); None for the other values."""
     if isinstance(tree, TreeShape):
         return DynamicTree(tree)
     if tree == "auto":
-        return DynamicTree(AutoShape(timed=not seeded, c_prior=c_bytes, device=device))
+        return DynamicTree(AutoShape(timed=not seeded, c_prior=c_bytes, device=device, dtype=dtype))
     return None

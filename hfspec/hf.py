@@ -211,7 +211,8 @@ def _seeded_policy(gamma, stats: SpecStats):
 def _tree(request: Request, stats: SpecStats, device):
     """The run's tree: sibling leaves (`tree` 2..8), a token tree ("auto" or a `TreeShape`), or None. With a seed,
     "auto" sizes the tree from priors fixed before decoding, never from this run's timings (like γ "auto")."""
-    dynamic = make_tree(request.tree, request.seed is not None, stats.c_bytes, torch.device(device).type)
+    dynamic = make_tree(request.tree, request.seed is not None, stats.c_bytes, torch.device(device).type,
+                        stats.target_dtype)
     if dynamic is not None:
         return dynamic
     return Tree(request.tree) if isinstance(request.tree, int) and request.tree > 1 else None

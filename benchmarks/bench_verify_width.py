@@ -1,0 +1,69 @@
+"""What a wider target pass costs: one forward over w positions on a warm cache, against a one-token step, per
+dtype. This is the slope token trees pay per verify position (`hfspec.dyntree.VERIFY_SLOPE_PRIOR` holds the
+seeded runs' prior from it) and the reason a chain's verify pass decides fp32's speed-up on a CPU.
+
+    python benchmarks/bench_verify_width.py --models smollm2-offgrid --dtypes float32,bfloat16 --widths 1,2,5,8,16,24,32
+
+Steps are timed by the benchmarks' one operator timer (`common.time_operators`: interleaved, the order rotating,
+warm-up rounds not counted, outliers re-measured). Reported per width: median ms, the median per-round ratio to
+the one-token step with its interval, and the slope (ratio − 1) / (w − 1): the marginal cost of one more position
+in one-token steps.
+"""
+
+from __future__ import annotations
+
+import torch
+from bench_steps import step_timer
+from common import (
+    load,
+    model_folders,
+    op_ms,
+    parser,
+    time_operators,
+    time_ratio,
+    verdict_cell,
+    verdict_columns,
+    write_results,
+)
+
+
+def main() -> None:
+    p = parser(__doc__.splitlines()[0])
+    p.set_defaults(models="smollm2-offgrid")
+    p.add_argument("--dtypes", default="float32,bfloat16")
+    p.add_argument("--widths", default="1,2,5,8,16,24,32")
+    p.add_argument("--context", type=int, default=64)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--out", help="write OUT.md and OUT.json")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    widths = sorted({1, *(int(w) for w in args.widths.split(","))})
+    lines = [f"threads {args.threads}, context {args.context}, {args.steps} interleaved rounds", "",
+             "| model | dtype | positions | ms | vs one token | slope / position | verdict |",
+             "|---|---|---|---|---|---|---|"]
+    print("\n".join(lines), flush=True)
+    rows = []
+    for name, folder in model_folders(args).items():
+        for dtype in args.dtypes.split(","):
+            target, _ = load(folder, dtype)
+            ids = torch.randint(0, target.config.vocab_size, (1, args.context + max(widths)),
+                                generator=torch.Generator().manual_seed(0))
+            timers = {f"w{w}": step_timer(target, ids, args.context, w) for w in widths}
+            timings = time_operators(timers, args.steps, baseline="w1")
+            verdict = verdict_cell(verdict_columns(timings))
+            for w in widths:
+                ratio = time_ratio(timings, f"w{w}", "w1") if w > 1 else None
+                slope = (ratio.median - 1) / (w - 1) if ratio else None
+                row = {"model": name, "dtype": dtype, "positions": w, "ms": op_ms(timings, f"w{w}").median,
+                       "ratio": ratio.median if ratio else 1.0, "ratio_low": ratio.low if ratio else 1.0,
+                       "ratio_high": ratio.high if ratio else 1.0, "slope": slope}
+                rows.append(row)
+                line = (f"| {name} | {dtype} | {w} | {row['ms']:.2f} | {ratio.cell() if ratio else '1'} | "
+                        f"{'' if slope is None else f'{slope:.3f}'} | {verdict} |")
+                lines.append(line)
+                print(line, flush=True)
+    write_results(args.out, lines, rows)
+
+
+if __name__ == "__main__":
+    main()
