@@ -44,8 +44,8 @@ from hfspec.costrecord import (
 
 __all__ = [  # the measurement names (`hfspec.costrecord`) stay importable from here
     "MIN_ROUNDS", "ONE_TOKEN_TIMINGS", "SHRINK", "Acceptance", "CostModel", "CostRecord", "Prediction", "RoundMeter",
-    "RoundSeconds", "best_gamma", "expected_tokens", "from_pairs", "predict", "predict_from", "speedup_at",
-    "time_one_token_steps",
+    "RoundSeconds", "VERIFY_SLOPE_PRIOR", "best_gamma", "expected_tokens", "from_pairs", "predict", "predict_from",
+    "prior_model", "speedup_at", "time_one_token_steps", "verify_slope_prior",
 ]
 
 SHRINK = 4.0  # pseudo-counts pulling a position's acceptance rate toward the pooled α
@@ -192,6 +192,34 @@ class CostModel:
             model.prefill_plain = max(0.0, (plain.prefill_target_seconds + plain.prefill_other_seconds) / r
                                       - model.plain_token_seconds)
         return model
+
+
+# A verify pass's marginal cost per position, in one-token target passes, before a run has timed any: what a
+# seeded run decides with (its text must not depend on this run's clock). "chain": over the 2–8 positions of a
+# chain's verify pass; "tree": over the 8–32 of a token tree's. On a 2-core AVX-512 CPU with SmolLM2-135M
+# (benchmarks/bench_verify_width.py), fp32's multi-row sgemm costs a large step from one row to two and little
+# after it; bf16 (oneDNN) stays near one step up to ~16 positions. Off the CPU: a small slope.
+VERIFY_SLOPE_PRIOR = {("cpu", "float32"): {"chain": 0.15, "tree": 0.07},
+                      ("cpu", "bfloat16"): {"chain": 0.01, "tree": 0.015},
+                      ("cpu", "float16"): {"chain": 0.01, "tree": 0.015},
+                      ("other", ""): {"chain": 0.005, "tree": 0.005}}
+
+
+def verify_slope_prior(device: str, dtype: str, shape: str = "chain") -> float:
+    """`VERIFY_SLOPE_PRIOR` for a device type and target dtype ("chain" or "tree"): a CPU dtype not listed takes
+    fp32's, any other device the accelerator row."""
+    row = (VERIFY_SLOPE_PRIOR[("other", "")] if device != "cpu"
+           else VERIFY_SLOPE_PRIOR.get((device, dtype), VERIFY_SLOPE_PRIOR[("cpu", "float32")]))
+    return row[shape]
+
+
+def prior_model(c: float, device: str = "cpu", dtype: str = "float32") -> CostModel:
+    """A cost model fixed before decoding, in units of one target step: a draft step costs c (the bytes ratio),
+    the verify pass t(n) = 1 + s·(n − 1) with s = `verify_slope_prior`, nothing outside forwards. What γ "auto"
+    decides with in a seeded run (`hfspec.gamma.AdaptiveGamma(profile=…)`)."""
+    s = verify_slope_prior(device, dtype, "chain")
+    return CostModel(step=1.0, verify_a=1.0 - s, verify_b=s, draft_a=0.0, draft_b=max(0.0, c), draft_zero=0.0,
+                     other_a=0.0, other_b=0.0, plain_other=0.0, source="prior fixed before decoding")
 
 
 MIN_ROUNDS = 3  # a γ or width seen in fewer rounds (e.g. the last, clipped round) does not set a slope

@@ -37,14 +37,10 @@ import torch
 import torch.nn.functional as F
 
 from hfspec import cache as kv
+from hfspec.costmodel import verify_slope_prior
 from hfspec.sampling import draw_without_replacement, sample, verify_children
 
 NODES_MAX, DEPTH_MAX, BRANCH_MAX, WIDTH_MAX = 64, 12, 8, 16
-# seeded runs: a verify position's marginal cost in one-token target passes, by device and target dtype. On a
-# 2-core AVX-512 CPU (SmolLM2-135M, benchmarks/bench_verify_width.py): fp32 16 positions ≈ 2.1× one (MKL's
-# multi-row sgemm), bf16 ≈ 1.2× (oneDNN): ≈ 0.07 and ≈ 0.013 per position.
-VERIFY_SLOPE_PRIOR = {("cpu", "float32"): 0.07, ("cpu", "bfloat16"): 0.015, ("cpu", "float16"): 0.015,
-                      ("other", ""): 0.005}
 SHRINK = 4.0  # pseudo-counts pulling a depth/rank's acceptance ratio to the prior while it has little evidence
 
 
@@ -83,7 +79,7 @@ class AutoShape:
     def __init__(self, timed: bool, c_prior: float, device: str = "cpu", dtype: str = "float32"):
         self.timed = timed
         self.c_prior = c_prior if c_prior > 0 else 0.2
-        self.slope_prior = slope_prior(device, dtype)
+        self.slope_prior = verify_slope_prior(device, dtype, "tree")
         self.limits = TreeShape(NODES_MAX, DEPTH_MAX, BRANCH_MAX, 8)
         self.tried: dict[tuple[int, int], float] = {}
         self.accepted: dict[tuple[int, int], float] = {}
@@ -150,14 +146,6 @@ class AutoShape:
         if self.timed:
             self._verify.append((positions, verify_seconds))
             self._levels.extend(level_seconds)
-
-
-def slope_prior(device: str, dtype: str) -> float:
-    """A verify position's cost before this run has timed any (`VERIFY_SLOPE_PRIOR`): fp32 on a CPU where the
-    dtype is not listed, the accelerator's value off the CPU."""
-    if device != "cpu":
-        return VERIFY_SLOPE_PRIOR[("other", "")]
-    return VERIFY_SLOPE_PRIOR.get((device, dtype), VERIFY_SLOPE_PRIOR[("cpu", "float32")])
 
 
 @dataclass

@@ -12,6 +12,7 @@ import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from hfspec import validate
+from hfspec.costmodel import prior_model
 from hfspec.coupling import GumbelNoise
 from hfspec.decoding import DecodeJob, decode
 from hfspec.drafts.base import NoDraft, as_draft
@@ -73,7 +74,8 @@ def speculative_generate(
     if request.plain:
         policy = FixedGamma(0)
     else:  # with a seed, γ "auto" must not read this run's timings: the text must depend on the seed alone
-        policy = _policy(request.gamma, stats) if request.seed is None else _seeded_policy(request.gamma, stats)
+        policy = (_policy(request.gamma, stats) if request.seed is None
+                  else _seeded_policy(request.gamma, stats, input_ids.device))
     job = DecodeJob(
         scorer=Scorer(logits_processor, sampling, validate.vocab_size(model)),
         stopper=Stopper(stopping_criteria, eos, generation_config.max_length),
@@ -200,11 +202,14 @@ def _policy(gamma, stats: SpecStats):
     return FixedGamma(int(gamma))
 
 
-def _seeded_policy(gamma, stats: SpecStats):
-    """The γ policy of a seeded run: γ "auto" is frozen, deciding from acceptance and the bytes ratio only, never
+def _seeded_policy(gamma, stats: SpecStats, device=None):
+    """The γ policy of a seeded run: γ "auto" is frozen, deciding from acceptance and a cost profile fixed before
+    decoding (the bytes ratio and the verify pass's prior slope for this device and dtype, `prior_model`), never
     from this run's timings, so the seed alone fixes the text on a quiet or a busy machine (`hfspec.gamma`)."""
     if gamma == "auto":
-        return AdaptiveGamma(c_prior=stats.c_bytes, timed=False)
+        kind = torch.device(device).type if device is not None else "cpu"
+        return AdaptiveGamma(c_prior=stats.c_bytes, timed=False,
+                             profile=prior_model(stats.c_bytes, kind, stats.target_dtype))
     return FixedGamma(int(gamma))
 
 

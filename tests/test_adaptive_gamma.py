@@ -179,6 +179,26 @@ def test_frozen_policy_decides_from_a_given_cost_model():
     assert AdaptiveGamma(c_prior=0.01, timed=False).next() > 0
 
 
+def test_seeded_prior_prices_the_verify_pass_by_dtype():
+    """A seeded run's profile (`prior_model`) prices each verify position by the target's dtype: at the same α and
+    bytes ratio, fp32 (a CPU's multi-row sgemm: a dear verify pass) drafts shorter rounds than bf16, and both
+    shorter than the paper's formula, which leaves the verify pass out. Negative control: with a zero slope the
+    profile agrees with the formula."""
+    from hfspec.costmodel import Acceptance, best_gamma, prior_model, verify_slope_prior
+    from hfspec.stats import optimal_gamma
+
+    alpha, c = 0.85, 0.16
+    fp32 = best_gamma(prior_model(c, "cpu", "float32"), Acceptance(alpha), 8)[0]
+    bf16 = best_gamma(prior_model(c, "cpu", "bfloat16"), Acceptance(alpha), 8)[0]
+    formula = optimal_gamma(alpha, c, 8)
+    assert fp32 < bf16 <= formula
+    assert verify_slope_prior("cpu", "float32") > verify_slope_prior("cpu", "bfloat16")
+    assert verify_slope_prior("cuda", "float32") == verify_slope_prior("mps", "bfloat16")  # off the CPU: one row
+    flat = prior_model(c, "cpu", "float32")
+    flat.verify_a, flat.verify_b = 1.0, 0.0
+    assert best_gamma(flat, Acceptance(alpha), 8)[0] == formula
+
+
 def noisy_clock(seed):
     """A time.perf_counter that advances by random amounts, with 10x spikes: a busy machine."""
     rng, now = random.Random(seed), [0.0]
