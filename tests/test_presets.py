@@ -105,6 +105,18 @@ def test_ignore_eos_key(tmp_path):
         load_preset(str(write(tmp_path, extra='ignore_eos = "yes"\n')))
 
 
+def test_tree_and_coupling_keys_reach_the_settings_and_are_checked_by_run_settings(tmp_path):
+    p = load_preset(str(write(tmp_path)))
+    assert (p.tree, p.coupling) == (0, "rejection")
+    s = load_preset(str(write(tmp_path, extra='tree = "auto"\n'))).settings()
+    assert (s.tree, s.coupling) == ("auto", "rejection")
+    assert load_preset(str(write(tmp_path, extra='coupling = "gumbel"\n'))).settings().coupling == "gumbel"
+    for extra, field in (('tree = 9\n', "tree"), ('tree = "wide"\n', "tree"), ('coupling = "max"\n', "coupling"),
+                         ('tree = 3\ncoupling = "gumbel"\n', "tree")):
+        with pytest.raises(HfspecError, match=f"preset custom: {field}: "):
+            load_preset(str(write(tmp_path, extra=extra)))
+
+
 def test_load_by_path_resolves_relative_to_file(tmp_path):
     (tmp_path / "models").symlink_to(EMBEDDED, target_is_directory=True)
     path = write(tmp_path, target="models/micro", draft="models/nano")
