@@ -73,7 +73,7 @@ def test_every_shipped_preset_loads(name):
     else:
         assert "/" in p.target and not Path(p.target).is_absolute()
     kw = p.sampling_kwargs()
-    fixed = {"min_new_tokens"} if p.ignore_eos else set()
+    fixed = ({"min_new_tokens"} if p.ignore_eos else set()) | ({"tree"} if p.tree != 0 else set())
     assert set(kw) == {"gamma", "temperature", "top_k", "top_p", "max_new_tokens", "seed"} | fixed
 
 
