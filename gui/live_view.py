@@ -33,6 +33,7 @@ from gui.widgets import FlowLayout, Metric
 from hfspec.session import ROLLING_WINDOW
 from hfspec.stats import expected_tokens_per_pass
 
+TEXT_SIZES, TREE_SIZES = [540, 200], [540, 360]  # proportions of plots and text (and tree): a quarter, 2 fifths
 SPEED_BARS = [("predicted", "predicted"), ("measured", "measured"), ("ideal", "ideal")]
 
 
@@ -111,18 +112,22 @@ class LiveView(GeneratedText, QWidget):
         for i, plot in enumerate(self.plots.values()):
             plot.setMinimumSize(200, 120)
             grid.addWidget(plot, i // 2, i % 2)
-        self.tree_view = TreeView()  # shown while the run on show grows token trees
-        self.tree_view.setMinimumSize(200, 120)
-        grid.addWidget(self.tree_view, 2, 0, 1, 2)
         plots = QWidget()
         plots.setLayout(grid)
 
-        splitter = QSplitter(Qt.Orientation.Vertical)
+        self.tree_view = TreeView()  # beside the text while the run on show grows token trees
+        self.tree_view.setMinimumSize(200, 120)
+        self.tree_view.hide()
+        self.lower = QSplitter(Qt.Orientation.Horizontal)
+        self.lower.addWidget(self._text_box())
+        self.lower.addWidget(self.tree_view)
+        self.lower.setChildrenCollapsible(False)
+        self.splitter = splitter = QSplitter(Qt.Orientation.Vertical)
         splitter.addWidget(plots)
-        splitter.addWidget(self._text_box())
+        splitter.addWidget(self.lower)
         splitter.setStretchFactor(0, 3)
         splitter.setStretchFactor(1, 1)
-        splitter.setSizes([540, 200])  # proportions: the text keeps about a quarter of the height
+        splitter.setSizes(TEXT_SIZES)
         splitter.setChildrenCollapsible(False)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
@@ -207,8 +212,10 @@ class LiveView(GeneratedText, QWidget):
         self._dim(False)
         self.set_exactness("")
         self.text.clear()
-        self.tree_view.clear()
-        self.tree_view.hide()
+        if not self.tree_view.isHidden():
+            self.tree_view.clear()
+            self.tree_view.hide()
+            self.splitter.setSizes(TEXT_SIZES)
         if prompt:
             self._append_pieces([(prompt, "prompt")])
         for metric in self.metrics.values():
@@ -227,10 +234,13 @@ class LiveView(GeneratedText, QWidget):
             pieces.extend(s.pieces)
         if pieces:
             self._append_pieces(pieces)
-        tree = next((s.tree for s in reversed(snapshots) if s.tree is not None), None)
-        if tree is not None:
-            self.tree_view.show_tree(tree)
-            self.tree_view.show()
+        grown = next((s for s in reversed(snapshots) if s.tree is not None and s.tree.tokens), None)
+        if grown is not None:  # the last pass that grew a tree (the last passes may have no room for one)
+            self.tree_view.show_tree(grown.tree, grown.round_index + 1)
+            if self.tree_view.isHidden():
+                self.tree_view.show()
+                self.splitter.setSizes(TREE_SIZES)
+                self.lower.setSizes([1, 1])
         if self.last is not None:
             s = self.last
             self.metrics["alpha"].set_value(fmt(self._cumulative_alpha(), 3))

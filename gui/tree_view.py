@@ -1,4 +1,4 @@
-"""The Live tab's drawing of the last target pass's token tree (a run with tree "auto", `hfspec.dyntree`): the
+"""The Live tab's drawing of the last token tree a run grew (tree "auto", `hfspec.dyntree`; the pass is named): the
 draft's tokens as nodes, laid out by depth (x) and by rank under their parent (y), edges parent → child; the
 accepted path in the accepted colour with bold text, the target's own token after it marked as resampled or
 bonus, the other drafted tokens grey."""
@@ -12,11 +12,12 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from gui import theme
-from gui.live_text import KIND_COLOURS, KIND_LABELS
+from gui.live_text import KIND_COLOURS
 from gui.plots import make_plot, retheme_plot
 
 LABEL_CHARS = 6  # a node's text is cut to this many characters, then "…"
 OTHER_COLOUR = "#c8c8c8"  # drafted, not accepted
+TITLE = "Token tree of the last pass"
 VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥"}
 
 
@@ -50,7 +51,7 @@ class TreeView(QWidget):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        self.plot = make_plot("Token tree of the last target pass", "depth (draft level)", "", 4)
+        self.plot = make_plot(TITLE, "", "", 2)
         item = self.plot.getPlotItem()
         item.hideAxis("left")
         item.showGrid(x=False, y=False)
@@ -59,8 +60,8 @@ class TreeView(QWidget):
         self.path_edges = item.plot(pen=pg.mkPen("#3c9a3c", width=3), connect="pairs")
         self.final_edge = item.plot(pen=pg.mkPen("#777", width=2, style=Qt.PenStyle.DashLine), connect="pairs")
         self.points = {}
-        for kind, name in (("accepted", "accepted path"), ("drafted", "drafted, not accepted"),
-                           ("resampled", KIND_LABELS["resampled"]), ("bonus", KIND_LABELS["bonus"])):
+        for kind, name in (("accepted", "accepted path"), ("drafted", "not accepted"),
+                           ("resampled", "target: resampled"), ("bonus", "target: bonus")):
             colour = KIND_COLOURS.get(kind, OTHER_COLOUR)
             self.points[kind] = pg.ScatterPlotItem(size=11, pen=pg.mkPen("#555"), brush=pg.mkBrush(colour), name=name,
                                                    symbol="s" if kind in ("resampled", "bonus") else "o")
@@ -72,20 +73,20 @@ class TreeView(QWidget):
         layout.addWidget(self.plot)
         self.kinds: list[str] = []
         self.labels: list[pg.TextItem] = []
-        self.tree = None
+        self.tree = self.pass_number = None
 
     def retheme(self) -> None:
         retheme_plot(self.plot)
         if self.tree is not None:
-            self.show_tree(self.tree)
+            self.show_tree(self.tree, self.pass_number)
 
     def clear(self) -> None:
-        self.tree = None
+        self.tree = self.pass_number = None
         self._draw([], [], [], [], [])
 
-    def show_tree(self, tree) -> None:
-        """Draw `tree` (a RoundTree; node texts from `texts`, else the token ids)."""
-        self.tree = tree
+    def show_tree(self, tree, pass_number: int | None = None) -> None:
+        """Draw `tree` (a RoundTree; node texts from `texts`, else the token ids) of target pass `pass_number`."""
+        self.tree, self.pass_number = tree, pass_number
         rows = layout(tree.parents)
         path = set(tree.path)
         texts = tree.texts or tuple(str(t) for t in tree.tokens)
@@ -125,7 +126,7 @@ class TreeView(QWidget):
         for (x, y), kind, text in zip(pos, kinds, labels, strict=True):
             weight = "bold" if kind in ("accepted", "resampled", "bonus") else "normal"
             label = pg.TextItem(html=f"<span style='color:{fg}; font-weight:{weight}'>{html.escape(text)}</span>",
-                                anchor=(0.5, 1.15))
+                                anchor=(0.5, -0.15) if kind in ("resampled", "bonus") else (0.5, 1.15))
             label.setPos(x, y)
             item.addItem(label)
             self.labels.append(label)
@@ -134,8 +135,8 @@ class TreeView(QWidget):
         item.setXRange(-0.5, depth + 0.5, padding=0)
         item.getAxis("bottom").setTicks([[(d, str(d)) for d in range(int(depth) + 1)]])
         item.setYRange(low - 0.6, 1.2, padding=0)
-        accepted = kinds.count("accepted")
-        title = (f"Token tree of the last target pass: {len(kinds) - 2} drafted, {accepted} accepted, then "
-                 f"{kinds[-1]}" if kinds else "Token tree of the last target pass")
+        which = f"pass {self.pass_number}" if self.pass_number else "the last pass"
+        title = (f"Token tree of {which}: {len(kinds) - 2} drafted, {kinds.count('accepted')} accepted, "
+                 f"{kinds[-1]}" if kinds else TITLE)
         self.plot.hfspec_title = title
         item.setTitle(title, size="10pt", color=fg)
