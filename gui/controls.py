@@ -1,5 +1,6 @@
-"""The settings panel: preset, target, draft, device, γ and sampling (scrolling), then the prompt, Run / Stop
-and the progress bar, always in view below the scrolling part."""
+"""The settings panel: preset, target, draft, device (here), γ, tree, coupling and sampling (`decoding_fields`),
+scrolling; then the prompt, Run / Stop and the progress bar (`run_progress`), always in view below the scrolling
+part."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from dataclasses import dataclass
 from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtWidgets import (
     QAbstractSpinBox,
-    QCheckBox,
     QComboBox,
     QFileDialog,
     QFormLayout,
@@ -28,13 +28,14 @@ from PySide6.QtWidgets import (
 )
 
 from gui import theme
+from gui.decoding_fields import MAX_TOKENS_UNKNOWN, DecodingFields, write_choice
 from gui.draft_form import DraftForm
-from gui.widgets import CheckedDoubleSpinBox, CheckedSpinBox, guard_wheel
+from gui.run_progress import ProgressReport
+from gui.widgets import guard_wheel
 from hfspec.errors import HfspecError
-from hfspec.session import GAMMA_MAX, RunSettings, context_length
+from hfspec.session import RunSettings, context_length
 
 CUSTOM = "custom"
-MAX_TOKENS_UNKNOWN = 32768  # when the target's context length cannot be read
 DTYPES = [("default", ""), ("float32", "float32"), ("bfloat16", "bfloat16"), ("float16", "float16"),
           ("auto (the checkpoint's)", "auto")]
 
@@ -69,7 +70,7 @@ class Binding:
     preset_value: bool = True  # a preset sets it: editing it turns the preset box to "custom"
 
 
-class ControlPanel(QWidget):
+class ControlPanel(DecodingFields, ProgressReport, QWidget):
     """Emits `run_requested` / `stop_requested`; `settings()` reads the form, `set_settings()` fills it. Any edit
     of a preset's values turns the preset box to "custom"; choosing a preset (again) resets the form to it.
     Enter in any field (Ctrl+Enter in the prompt) runs; Tab leaves the prompt."""
@@ -132,6 +133,8 @@ class ControlPanel(QWidget):
                 signal.connect(self._edited if binding.preset_value else self.edited)
         self.target.textChanged.connect(self._limit_tokens)
         self.gamma_auto.toggled.connect(self._show_gamma)
+        for combo in (self.tree, self.coupling):
+            combo.currentIndexChanged.connect(self._check_tree_and_coupling)
         for spin in self.body.findChildren(QAbstractSpinBox):
             if hasattr(spin, "refused"):
                 spin.refused.connect(lambda text, s=spin: self._refused(s, text))
@@ -174,6 +177,9 @@ class ControlPanel(QWidget):
             "top_p": number(self.top_p, float),
             "max_new_tokens": number(self.max_new_tokens, int),
             "seed": number(self.seed, int),
+            "tree": Binding(self.tree.currentData, lambda v: write_choice(self.tree, v), (self.tree.currentIndexChanged,)),
+            "coupling": Binding(self.coupling.currentData, lambda v: write_choice(self.coupling, v),
+                                (self.coupling.currentIndexChanged,)),
             "prompt": Binding(self.prompt.toPlainText, self.prompt.setPlainText, (self.prompt.textChanged,)),
             "chat": check(self.chat),
             "measure_baseline": check(self.baseline, preset_value=False),
@@ -223,55 +229,6 @@ class ControlPanel(QWidget):
         form.addRow("Precision", self.dtype)
         return box
 
-    def _decoding_box(self) -> QGroupBox:
-        box = QGroupBox("Decoding")
-        form = QFormLayout(box)
-        self.gamma = CheckedSpinBox(minimum=1, maximum=GAMMA_MAX, value=4)
-        self.gamma.setToolTip("Draft tokens proposed per target pass")
-        self.gamma.setObjectName("γ (draft length)")
-        self.gamma_auto = QCheckBox("auto")
-        self.gamma_auto.setToolTip("Choose γ each pass from the running acceptance rate and measured cost")
-        self.gamma_auto_note = QLabel("chosen each pass")
-        self.gamma_auto_note.setStyleSheet(f"color: {theme.current().muted};")
-        self.gamma_auto_note.setToolTip("The Live tab plots the γ chosen for every target pass")
-        row = QHBoxLayout()
-        row.addWidget(self.gamma, 1)
-        row.addWidget(self.gamma_auto_note, 1)
-        row.addWidget(self.gamma_auto)
-        form.addRow("γ (draft length)", row)
-        self.temperature = CheckedDoubleSpinBox(minimum=0.0, maximum=5.0, singleStep=0.1, decimals=2, value=1.0)
-        self.temperature.setToolTip("0 is greedy decoding")
-        self.temperature.setObjectName("temperature")
-        form.addRow("Temperature", self.temperature)
-        self.top_k = CheckedSpinBox(minimum=0, maximum=1_000_000, value=0)
-        self.top_k.setSpecialValueText("off")
-        self.top_k.setToolTip("Keep the k most likely tokens; 0 is off")
-        self.top_k.setObjectName("top-k")
-        form.addRow("Top-k", self.top_k)
-        self.top_p = CheckedDoubleSpinBox(minimum=0.01, maximum=1.0, singleStep=0.05, decimals=2, value=1.0)
-        self.top_p.setToolTip("Keep the most likely tokens up to this probability mass; 1.00 is off")
-        self.top_p.setObjectName("top-p")
-        form.addRow("Top-p", self.top_p)
-        self.max_new_tokens = CheckedSpinBox(minimum=1, maximum=MAX_TOKENS_UNKNOWN, value=64)
-        self.max_new_tokens.setObjectName("max new tokens")
-        form.addRow("Max new tokens", self.max_new_tokens)
-        self.seed = CheckedSpinBox(minimum=0, maximum=2_147_483_647, value=1)
-        self.seed.setToolTip("Seed of the sampler (the same seed gives the same text)")
-        self.seed.setObjectName("seed")
-        form.addRow("Seed", self.seed)
-        self.ignore_eos = QCheckBox("exactly max new tokens (ignore EOS)")
-        self.ignore_eos.setToolTip("Suppress the end-of-text token until max new tokens are generated")
-        form.addRow(self.ignore_eos)
-        self.chat = QCheckBox("chat template")
-        self.chat.setToolTip("Wrap the prompt as a user message in the tokenizer's chat template (models that have "
-                             "one)")
-        form.addRow(self.chat)
-        self.baseline = QCheckBox("measure wall-clock speed-up")
-        self.baseline.setToolTip("After each run, plain decoding of exactly as many tokens (same prompt and seed)")
-        self.baseline.setChecked(True)
-        form.addRow(self.baseline)
-        return box
-
     def _prompt_box(self) -> QGroupBox:
         box = QGroupBox("Prompt")
         layout = QVBoxLayout(box)
@@ -302,6 +259,7 @@ class ControlPanel(QWidget):
         finally:
             self._filling = False
         self._show_preset_info()
+        self._check_tree_and_coupling()
         self.edited.emit()
 
     def set_draft(self, spec: str) -> None:
@@ -330,56 +288,6 @@ class ControlPanel(QWidget):
             self.progress.setValue(0)
             self.progress.setFormat("")
 
-    def set_progress(self, value: int, maximum: int) -> None:
-        self.progress.setRange(0, max(1, maximum))
-        self.progress.setValue(min(value, maximum))
-        self.progress.setFormat("%v / %m tokens")
-
-    def set_finished(self, new_tokens: int, maximum: int, reason: str = "", stopped: bool = False) -> None:
-        """A run ended: the bar is full (a run that ended at EOS or a stop string is done too, and says so); a
-        run stopped by the user stays where it stopped."""
-        self.progress.setRange(0, max(1, maximum))
-        self.progress.setValue(min(new_tokens, maximum) if stopped else max(1, maximum))
-        why = "" if new_tokens >= maximum and not stopped else \
-            " · stopped" if stopped else " · ended at EOS" if reason == "EOS" else f" · ended by {reason}" if reason else ""
-        self.progress.setFormat(f"{new_tokens} / {maximum} tokens{why}")
-
-    def set_failed(self, what: str) -> None:
-        """A job failed: the bar says so (the status bar and the dialog say why) instead of going blank."""
-        self.progress.setRange(0, 1)
-        self.progress.setValue(0)
-        self.progress.setFormat(what)
-
-    def reset_progress(self) -> None:
-        """Nothing on the bar: the settings changed since the last job, whose progress no longer applies."""
-        self.progress.setRange(0, 1)
-        self.progress.setValue(0)
-        self.progress.setFormat("")
-
-    def set_point(self, index: int, total: int) -> None:
-        """Sweep / compare: point `index` (from 1) of `total` is being measured."""
-        self.progress.setRange(0, max(1, total))
-        self.progress.setValue(index - 1)
-        self.progress.setFormat(f"point {index} / {total}")
-
-    def set_points_done(self, done: int, total: int) -> None:
-        """Sweep / compare: `done` of `total` points are measured (the bar is full when the last one is)."""
-        self.progress.setRange(0, max(1, total))
-        self.progress.setValue(min(done, total))
-        self.progress.setFormat(f"{done} / {total} points done")
-
-    def set_compiling(self, elapsed: float, expected: float | None) -> None:
-        """The draft step is compiling: elapsed seconds against the expected time (the last compile's)."""
-        if expected:
-            self.progress.setRange(0, max(1, round(expected * 10)))
-            self.progress.setValue(min(round(elapsed * 10), self.progress.maximum() - 1))
-            left = max(0.0, expected - elapsed)
-            more = f"~{left:.0f} s left" if left >= 1 else "taking longer than last time"
-            self.progress.setFormat(f"compiling draft: {elapsed:.0f} s, {more}")
-        else:
-            self.progress.setRange(0, 0)
-            self.progress.setFormat(f"compiling draft: {elapsed:.0f} s (first compile here, no estimate yet)")
-
     # ----------------------------------------------------------------- keys and refused input
     def keyPressEvent(self, event):  # noqa: N802 - Qt's name
         """Enter in a field (fields pass it on: line edits, spin boxes, boxes) runs."""
@@ -402,6 +310,17 @@ class ControlPanel(QWidget):
     def _refused(self, spin, text: str) -> None:
         self.show_input_note(f"{spin.objectName()}: got {text!r}; allowed: {spin.range_text()} "
                              f"(kept {spin.textFromValue(spin.value())})")
+
+    def _check_tree_and_coupling(self, *_) -> None:
+        """Tree and coupling are checked by RunSettings as the user picks them: its error about either shows under
+        the form (and goes once they agree); Run says it again and runs nothing."""
+        try:
+            self.settings().validated()
+            message = ""
+        except HfspecError as exc:
+            message = str(exc) if str(exc).startswith(("tree:", "coupling:")) else ""
+        if message or self.input_note.text().startswith(("tree:", "coupling:")):
+            self.show_input_note(message)
 
     def show_input_note(self, message: str) -> None:
         """A message under the form about input it could not take ("" hides it)."""
@@ -452,10 +371,6 @@ class ControlPanel(QWidget):
         self.gamma_auto_note.setStyleSheet(muted)
         self.input_note.setStyleSheet(f"color: {theme.current().error};")
         self.draft.restyle()
-
-    def _show_gamma(self, auto: bool) -> None:
-        self.gamma.setVisible(not auto)
-        self.gamma_auto_note.setVisible(auto)
 
     def _limit_tokens(self, source: str) -> None:
         """Max new tokens cannot exceed the target's context (read from a local folder's config.json)."""

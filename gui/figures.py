@@ -181,18 +181,22 @@ def describe(settings) -> str:
         parts.append(f"top-k {settings.top_k}")
     if float(settings.top_p) < 1.0:
         parts.append(f"top-p {float(settings.top_p):g}")
+    tree, coupling = getattr(settings, "tree", 0), getattr(settings, "coupling", "rejection")
+    parts += [f"tree {tree}"] if tree not in (0, 1) else []
+    parts += [f"coupling {coupling}"] if coupling != "rejection" else []
     parts += [f"seed {settings.seed}", f"{settings.max_new_tokens} tokens"]
     if settings.dtype:
         parts.append(settings.dtype)
     return " · ".join(parts)
 
 
-COMPARED = ("target", "draft", "gamma", "temperature", "top_k", "top_p", "max_new_tokens", "seed", "prompt",
-            "chat", "ignore_eos", "device", "dtype")
+COMPARED = ("target", "draft", "gamma", "tree", "coupling", "temperature", "top_k", "top_p", "max_new_tokens", "seed",
+            "prompt", "chat", "ignore_eos", "device", "dtype")
 
 
 # the form's own words for each compared setting (what the change banner names)
-LABELS = {"target": "target", "draft": "draft", "gamma": "γ", "temperature": "temperature", "top_k": "top-k",
+LABELS = {"target": "target", "draft": "draft", "gamma": "γ", "tree": "draft tree", "coupling": "coupling",
+          "temperature": "temperature", "top_k": "top-k",
           "top_p": "top-p", "max_new_tokens": "max new tokens", "seed": "seed", "prompt": "prompt",
           "chat": "chat template", "ignore_eos": "ignore EOS", "device": "device", "dtype": "precision"}
 

@@ -1,5 +1,6 @@
-"""The Live tab: which settings produced what is on show, metric cards, per-pass plots, the speed-ups of the
-timed measurement, and the generated text coloured by how each token was made."""
+"""The Live tab: which settings produced what is on show, metric cards (`live_cards`), per-pass plots, the last
+pass's token tree (`tree_view`), the speed-ups of the timed measurement, and the generated text coloured by how
+each token was made (`live_text`)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,10 @@ import math
 
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import (
-    QApplication,
-    QFileDialog,
     QGridLayout,
-    QHBoxLayout,
     QLabel,
-    QPushButton,
     QSplitter,
-    QTextEdit,
     QVBoxLayout,
     QWidget,
 )
@@ -30,45 +25,15 @@ from gui.figures import (
     gap,
     number,
 )
+from gui.live_cards import CARDS, show_measured
+from gui.live_text import GeneratedText
 from gui.plots import PALETTE, fmt, make_plot, retheme_plot, spaced_ticks, unit_line
+from gui.tree_view import TreeView
 from gui.widgets import FlowLayout, Metric
 from hfspec.session import ROLLING_WINDOW
 from hfspec.stats import expected_tokens_per_pass
 
-KIND_COLOURS = {  # background of a generated token, by how it was produced
-    "accepted": "#b7e4b0",   # draft token the target accepted
-    "resampled": "#f6c28b",  # draft rejected: sampled from the residual (target − draft)
-    "bonus": "#a9c8f0",      # every draft token accepted: one more from the target
-    "target": "#e0e0e0",     # plain decoding: a pass where the draft proposed nothing
-}
-KIND_LABELS = {"accepted": "accepted draft token", "resampled": "resampled (draft rejected)",
-               "bonus": "bonus token (all accepted)", "target": "target only (plain pass, γ = 0)"}
-KIND_SHORT = {"accepted": "accepted", "resampled": "resampled", "bonus": "bonus", "target": "target only"}
-
-TIMED = "from the timed measurement after the run (speculative decoding without the live display, beside plain " \
-        "decoding of the same tokens)"
-CARDS = [  # key, caption, tooltip, widest expected value
-    ("alpha", "acceptance α", "accepted / checked draft tokens (positions after EOS are not checked)", "0.000"),
-    ("tpp", "tokens / pass", "new tokens per target forward, bonus included", "00.00"),
-    ("expected", "formula E[tok/pass]", "(1−α^(γ+1))/(1−α) for this α, averaged over the γ each pass proposed",
-     "00.00"),
-    ("c_time", "cost c (time)", "mean draft forward time / mean target forward time, " + TIMED, "0.000"),
-    ("predicted", "predicted speed-up", "the cost model's prediction from the timed run's measured step costs "
-     "and tokens per pass, " + TIMED + "; — where none exists", "00.00×"),
-    ("ideal", "ideal speed-up", "the paper's formula with c = draft bytes / target bytes: what a machine bound by "
-     "weight reads would reach (not an upper bound: the measured speed-up can exceed it)", "00.00× · c 0.000"),
-    ("measured", "measured speed-up", "the median per-pair ratio of speculative over plain tokens/s, " + TIMED +
-     " (hfspec.measure, the CLI's rule); 'rough' under 3 pairs, 'unstable' when the pairs disagree, 'implausible' "
-     "when its own passes cannot produce it", "00.00× implausible"),
-    ("timed_rate", "measured tok/s: spec vs plain", "speculative decoding (timed, no display) vs plain decoding "
-     "of the same tokens", "00000 vs 00000"),
-    ("with", "measured with", "timed (speculative, plain) pairs and the interval of the median ratio, torch's CPU "
-     "threads and the machine's 1-minute load average while measuring", "9 pairs 00.00–00.00× · 00 thr · load 00.0"),
-    ("rate", "tokens / s live (with display)", "wall clock of the run you watched: it pays for the live "
-     "display, so it is below the measured rate", "00000.0"),
-    ("passes", "target passes", "", "00000"),
-    ("ended", "ended by", "EOS, max tokens, a stop string, or the Stop button", "user (Stop)"),
-]
+TEXT_SIZES, TREE_SIZES = [540, 200], [540, 360]  # proportions of plots and text (and tree): a quarter, 2 fifths
 SPEED_BARS = [("predicted", "predicted"), ("measured", "measured"), ("ideal", "ideal")]
 
 
@@ -83,7 +48,7 @@ def prompt_note(settings, room: int = 60) -> str:
     return f" · prompt “{html.escape(short)}”"
 
 
-class LiveView(QWidget):
+class LiveView(GeneratedText, QWidget):
     """Rolling acceptance, tokens per pass vs the formula with γ per pass, speed-ups, acceptance by position,
     the coloured text."""
 
@@ -150,12 +115,19 @@ class LiveView(QWidget):
         plots = QWidget()
         plots.setLayout(grid)
 
-        splitter = QSplitter(Qt.Orientation.Vertical)
+        self.tree_view = TreeView()  # beside the text while the run on show grows token trees
+        self.tree_view.setMinimumSize(200, 120)
+        self.tree_view.hide()
+        self.lower = QSplitter(Qt.Orientation.Horizontal)
+        self.lower.addWidget(self._text_box())
+        self.lower.addWidget(self.tree_view)
+        self.lower.setChildrenCollapsible(False)
+        self.splitter = splitter = QSplitter(Qt.Orientation.Vertical)
         splitter.addWidget(plots)
-        splitter.addWidget(self._text_box())
+        splitter.addWidget(self.lower)
         splitter.setStretchFactor(0, 3)
         splitter.setStretchFactor(1, 1)
-        splitter.setSizes([540, 200])  # proportions: the text keeps about a quarter of the height
+        splitter.setSizes(TEXT_SIZES)
         splitter.setChildrenCollapsible(False)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
@@ -170,38 +142,6 @@ class LiveView(QWidget):
         self._changed: list[str] = []
         self.clear()
 
-    def _text_box(self) -> QWidget:
-        self.text = QTextEdit()
-        self.text.setReadOnly(True)
-        self.text.setMinimumHeight(60)
-        legend_row = QWidget()
-        legend = FlowLayout(legend_row, spacing=6)
-        for kind, label in KIND_LABELS.items():
-            swatch = QLabel(f"<span style='background:{KIND_COLOURS[kind]}; color:#000;'>&nbsp;{KIND_SHORT[kind]}"
-                            "&nbsp;</span>")
-            swatch.setToolTip(label)
-            legend.addWidget(swatch)
-        self.prompt_swatch = QLabel()
-        legend.addWidget(self.prompt_swatch)
-        self.copy_button = QPushButton("Copy")
-        self.copy_button.setToolTip("Copy prompt and generated text")
-        self.copy_button.clicked.connect(self.copy_text)
-        self.save_button = QPushButton("Save…")
-        self.save_button.setToolTip("Save prompt and generated text as a .txt file")
-        self.save_button.clicked.connect(lambda: self.save_text())
-        row = QHBoxLayout()  # the buttons stay at the right, however narrow the window
-        row.setContentsMargins(0, 0, 0, 0)
-        row.addWidget(legend_row, 1)
-        row.addWidget(self.copy_button)
-        row.addWidget(self.save_button)
-        box = QWidget()
-        layout = QVBoxLayout(box)
-        layout.setContentsMargins(0, 0, 0, 0)
-        layout.addLayout(row)
-        layout.addWidget(self.text)
-        self._style_prompt_swatch()
-        return box
-
     # ------------------------------------------------------------------ what is on show
     def set_pending(self, description: str) -> None:
         """A job with other settings started: the results on show stay (greyed) until its first data."""
@@ -215,13 +155,13 @@ class LiveView(QWidget):
         self._show_origin()
 
     def _dim(self, dim: bool) -> None:
-        for widget in (self.cards, *self.plots.values()):
+        for widget in (self.cards, self.tree_view, *self.plots.values()):
             widget.setEnabled(not dim)
             widget.setGraphicsEffect(None)
         if dim:
             from PySide6.QtWidgets import QGraphicsOpacityEffect
 
-            for widget in (self.cards, *self.plots.values()):
+            for widget in (self.cards, self.tree_view, *self.plots.values()):
                 effect = QGraphicsOpacityEffect(widget)
                 effect.setOpacity(0.35)
                 widget.setGraphicsEffect(effect)
@@ -272,6 +212,10 @@ class LiveView(QWidget):
         self._dim(False)
         self.set_exactness("")
         self.text.clear()
+        if not self.tree_view.isHidden():
+            self.tree_view.clear()
+            self.tree_view.hide()
+            self.splitter.setSizes(TEXT_SIZES)
         if prompt:
             self._append_pieces([(prompt, "prompt")])
         for metric in self.metrics.values():
@@ -290,6 +234,13 @@ class LiveView(QWidget):
             pieces.extend(s.pieces)
         if pieces:
             self._append_pieces(pieces)
+        grown = next((s for s in reversed(snapshots) if s.tree is not None and s.tree.tokens), None)
+        if grown is not None:  # the last pass that grew a tree (the last passes may have no room for one)
+            self.tree_view.show_tree(grown.tree, grown.round_index + 1)
+            if self.tree_view.isHidden():
+                self.tree_view.show()
+                self.splitter.setSizes(TREE_SIZES)
+                self.lower.setSizes([1, 1])
         if self.last is not None:
             s = self.last
             self.metrics["alpha"].set_value(fmt(self._cumulative_alpha(), 3))
@@ -376,7 +327,7 @@ class LiveView(QWidget):
         self.metrics["ideal"].setToolTip(self.metrics["ideal"].tip + (f"\n\nNow: {note}" if note else ""))
         self.metrics["c_time"].set_value(fmt(m.c_time, 3) if m else "—")
         self.metrics["predicted"].set_value(fmt(m.predicted_speedup, 2, "×") if m else "—")
-        self._show_measured(m)
+        show_measured(self.metrics, m)
         if s.checked_by_position:
             self._position_bars(s.accepted_by_position, s.checked_by_position)
         self._bars({"predicted": m.predicted_speedup if m else None, "measured": m.speedup if m else None,
@@ -384,37 +335,6 @@ class LiveView(QWidget):
         if not self.rounds:  # no snapshot came (a saved run, or zero tokens): the series and the text
             self._replay(shown)
         self._show_origin()
-
-    def _show_measured(self, m) -> None:
-        card = self.metrics["measured"]
-        if m is None or m.speedup is None:
-            card.set_value("—")
-            card.set_flag("")
-            self.metrics["timed_rate"].set_value("—")
-            self.metrics["with"].set_value("—")
-            return
-        problem = m.unreliable
-        why = {"rough": f"Rough: from {m.pairs or 'fewer than 3'} timed pair(s), fewer than 3; rerun for a figure "
-                        "to rely on",
-               "unstable": "Unstable: the timed pairs disagreed",
-               "implausible": "Implausible: not a fact"}.get(problem, "")
-        details = "\n".join(x for x in (m.why, m.disagreement and f"predicted vs measured: {m.disagreement}") if x)
-        card.set_flag("\n".join(x for x in (why, details) if x) if problem else details)
-        if not problem and details:  # a note (busy machine, a disagreement) without a mark on the value
-            card.flag = ""
-            card.setToolTip(f"{card.tip}\n\n{details}")
-            card.restyle()
-        card.set_value(f"{m.speedup:.2f}×{' ' + problem if problem else ''}")
-        spec = f"{m.speculative_tps:.0f}" if m.speculative_tps else "—"
-        plain = f"{m.plain_tps:.0f}" if m.plain_tps else "—"
-        self.metrics["timed_rate"].set_value(f"{spec} vs {plain}")
-        c = m.conditions
-        interval = f" {m.low:.2f}–{m.high:.2f}×" if m.low and m.high and m.low != m.high else ""
-        parts = [f"{m.pairs} pair{'s' if m.pairs != 1 else ''}{interval}"] if m.pairs is not None else []
-        if c is not None:
-            parts += [f"{c.threads} thr" if c.threads is not None else "? thr"]
-            parts += [f"load {c.load_avg:.1f}"] if c.load_avg is not None else []
-        self.metrics["with"].set_value(" · ".join(parts) or "—")
 
     def _replay(self, shown: ShownRun) -> None:
         """Curves and text of a run whose live snapshots this view did not see (opened from a file)."""
@@ -434,40 +354,6 @@ class LiveView(QWidget):
             retheme_plot(plot)
         for metric in self.metrics.values():
             metric.restyle()
+        self.tree_view.retheme()
         self._style_prompt_swatch()
         self._show_origin()
-
-    def _style_prompt_swatch(self) -> None:
-        self.prompt_swatch.setText(f"<span style='color:{theme.current().muted}'>prompt in grey text</span>")
-
-    # ------------------------------------------------------------------ text
-    def plain_text(self) -> str:
-        return self.text.toPlainText()
-
-    def copy_text(self) -> None:
-        QApplication.clipboard().setText(self.plain_text())
-
-    def save_text(self, path: str | None = None) -> str | None:
-        if path is None:
-            path, _ = QFileDialog.getSaveFileName(self, "Save generated text", "hfspec-text.txt", "Text (*.txt)")
-            if not path:
-                return None
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(self.plain_text())
-        return path
-
-    def _append_pieces(self, pieces) -> None:
-        """Append (text, kind) pieces, each on its kind's background (character formats: whitespace kept)."""
-        cursor = self.text.textCursor()
-        cursor.movePosition(QTextCursor.MoveOperation.End)
-        for text, kind in pieces:
-            fmt_ = QTextCharFormat()
-            if kind == "prompt":
-                fmt_.setForeground(QColor("#808080"))
-            elif kind in KIND_COLOURS:
-                fmt_.setBackground(QColor(KIND_COLOURS[kind]))
-                fmt_.setForeground(QColor("#000000"))  # dark text on the light token colours, in either theme
-                fmt_.setToolTip(KIND_LABELS[kind])
-            cursor.insertText(text, fmt_)
-        self.text.setTextCursor(cursor)
-        self.text.ensureCursorVisible()

@@ -17,7 +17,7 @@ import torch
 
 from hfspec.costmodel import RoundMeter, time_one_token_steps
 from hfspec.drafts.base import Draft, NoDraft, attach_draft
-from hfspec.dyntree import DynamicTree, check_dynamic_tree, dynamic_round
+from hfspec.dyntree import DynamicTree, RoundTree, check_dynamic_tree, dynamic_round
 from hfspec.kv_model import CachedModel
 from hfspec.sampling import sample, verify, verify_greedy
 from hfspec.scoring import Scorer
@@ -80,6 +80,7 @@ class Verdict:
     target_seconds: float
     from_leaf: bool = False  # tree speculation: the token follows an accepted sibling (a bonus, not a replacement)
     last_kind: str | None = None  # a token tree: "bonus" (after a node without children) or "resampled"
+    tree: RoundTree | None = None  # a token tree: the round's tree, for live displays
 
 
 @dataclass
@@ -274,7 +275,7 @@ def _report(run: _Run, proposal: Proposal, verdict: Verdict, done: Committed) ->
     if job.on_round is not None:
         with run.meter.excluded():  # a live display's time is not the round's
             job.on_round(RoundEvent(run.round_index, gamma, done.accepted, done.tokens, done.kinds, stats,
-                                    list(run.active)))
+                                    list(run.active), verdict.tree))
     run.round_index += 1
 
 

@@ -148,6 +148,24 @@ class AutoShape:
             self._levels.extend(level_seconds)
 
 
+@dataclass(frozen=True)
+class RoundTree:
+    """One round's token tree as plain data, for live displays. Node k (from 0) holds the draft token `tokens[k]`,
+    its parent `parents[k]` (−1: the root, the last committed token; a parent precedes its children) and its
+    `depths[k]` (1 under the root). `path`: the accepted nodes, from the root down; `token`: the target's own
+    token after them, of `kind` "bonus" (the path ends at a node without children) or "resampled". `texts` and
+    `token_text`: the tokens decoded one by one, filled by a live recorder (`hfspec.live`); empty here."""
+
+    tokens: tuple[int, ...]
+    parents: tuple[int, ...]
+    depths: tuple[int, ...]
+    path: tuple[int, ...]
+    token: int
+    kind: str
+    texts: tuple[str, ...] = ()
+    token_text: str = ""
+
+
 @dataclass
 class _Node:
     token: int
@@ -501,8 +519,10 @@ def dynamic_round(run, tree: DynamicTree):
     run.stats.tree_kept += sum(nodes[k].rank > 0 for k in path)
     tree.acceptance.observe(nodes, path, levels, target.positions_fed - fed_before, target.seconds - before,
                             side.level_seconds)
+    shown = RoundTree(tuple(tokens), tuple(n.parent - 1 for n in nodes[1:]), tuple(n.depth for n in nodes[1:]),
+                      tuple(k - 1 for k in path), int(token), last_kind)
     verdict = Verdict(torch.tensor([len(path)], device=device), torch.tensor([token], device=device),
-                      target.seconds - before, last_kind=last_kind)
+                      target.seconds - before, last_kind=last_kind, tree=shown)
     return proposal, verdict
 
 

@@ -7,9 +7,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from hfspec.compat import old_names
+
+if TYPE_CHECKING:
+    from hfspec.dyntree import RoundTree
 
 ROLLING_WINDOW = 16  # target passes in the rolling acceptance rate
 
@@ -37,6 +41,7 @@ class LiveSnapshot:
     accepted_by_position: list[int]
     checked_by_position: list[int]
     pieces: list[tuple[str, str]]  # (text, kind) of this pass's tokens, row 0
+    tree: RoundTree | None = None  # a token tree's pass: the tree, its tokens' texts filled in (immutable)
 
 
 class LiveBuffer:
@@ -88,6 +93,10 @@ class IncrementalDecoder:
             pieces.append(text[common:])
             self.text = text
         return pieces
+
+    def piece(self, token: int) -> str:
+        """One token's text on its own (not added to the text)."""
+        return self._decode([int(token)])
 
 
 def _common_prefix(a: str, b: str) -> int:
@@ -143,7 +152,14 @@ class LiveRecorder:
             predicted_speedup=s.predicted_speedup, measured_speedup=None, c=s.c_bytes, c_time=s.c_time,
             elapsed=time.perf_counter() - self._start, new_tokens=s.new_tokens,
             accepted_by_position=list(s.accepted_by_position),
-            checked_by_position=list(s.checked_by_position), pieces=new)
+            checked_by_position=list(s.checked_by_position), pieces=new, tree=self._tree(event.tree))
         self.series.append(series_row(snapshot))
         if self.on_live is not None:
             self.on_live(snapshot)
+
+    def _tree(self, tree: RoundTree | None) -> RoundTree | None:
+        """The round's tree with its tokens' texts (decoded only for a live display)."""
+        if tree is None or self.on_live is None:
+            return tree
+        return replace(tree, texts=tuple(self.decoder.piece(t) for t in tree.tokens),
+                       token_text=self.decoder.piece(tree.token))

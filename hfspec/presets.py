@@ -19,6 +19,8 @@ A preset file is a flat TOML table::
     prompt = "Return the"
     chat = false                 # optional: wrap the prompt in the tokenizer's chat template
     ignore_eos = false           # optional: always generate max_new_tokens tokens (EOS suppressed until then)
+    tree = 0                     # optional: 0 or 1 the chain, 2..8 sibling leaves, "auto" a token tree
+    coupling = "rejection"       # optional: or "gumbel" (draft-invariant sampling; no tree)
     needs_download = false       # true when target or draft come from the Hugging Face hub
 
 The presets folder is ``$HFSPEC_PRESETS`` when set, else ``presets/`` of the source checkout, else
@@ -73,6 +75,8 @@ _FIELDS: dict[str, tuple[tuple[type, ...], Any]] = {
     "prompt": ((str,), REQUIRED),
     "chat": ((bool,), False),
     "ignore_eos": ((bool,), False),
+    "tree": ((int, str), 0),
+    "coupling": ((str,), "rejection"),
     "needs_download": ((bool,), REQUIRED),
 }
 ALLOWED_KEYS = tuple(_FIELDS)
@@ -168,6 +172,8 @@ class Preset:
     description: str = ""
     chat: bool = False
     ignore_eos: bool = False
+    tree: int | str = 0
+    coupling: str = "rejection"
     path: Path | None = None
     raw: dict = field(default_factory=dict, repr=False)
 
@@ -194,7 +200,7 @@ class Preset:
         values = dict(target=self.target, draft=self.draft, gamma=self.gamma, temperature=float(self.temperature),
                       top_k=int(self.top_k), top_p=float(self.top_p), max_new_tokens=int(self.max_new_tokens),
                       seed=int(self.seed), prompt=self.prompt, preset=self.name, chat=bool(self.chat),
-                      ignore_eos=bool(self.ignore_eos))
+                      ignore_eos=bool(self.ignore_eos), tree=self.tree, coupling=self.coupling)
         return RunSettings(**(values | overrides))
 
     def sampling_kwargs(self) -> dict:
@@ -270,7 +276,12 @@ def preset_from_dict(data: dict, *, name: str = "custom", base: Path | None = No
     if not values["needs_download"] and not Path(values["target"]).is_dir():
         raise HfspecError(f"{where}: needs_download = false but target {values['target']!r} is not a local "
                           "folder; allowed: needs_download = true for hub models")
-    return Preset(name=name, path=path, raw=dict(data), **values)
+    preset = Preset(name=name, path=path, raw=dict(data), **values)
+    try:  # tree and coupling (and their combination) are checked where every run's settings are
+        preset.settings().validated()
+    except HfspecError as exc:
+        raise HfspecError(f"{where}: {exc}") from exc
+    return preset
 
 
 def _check_values(where: str, v: dict) -> None:

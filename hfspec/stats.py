@@ -16,6 +16,7 @@ import numbers
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from hfspec.compat import (  # noqa: F401 - estimated_speedup, speedup_ignoring_verify_and_overhead: deprecated
     estimated_speedup,
@@ -25,6 +26,9 @@ from hfspec.compat import (  # noqa: F401 - estimated_speedup, speedup_ignoring_
 )
 from hfspec.costmodel import CostRecord, Prediction, predict
 from hfspec.validate import AUTO_GAMMA_MAX
+
+if TYPE_CHECKING:
+    from hfspec.dyntree import RoundTree
 
 
 def expected_tokens_per_pass(alpha: float, gamma: int | Iterable[int]) -> float:
@@ -263,3 +267,4 @@ class RoundEvent:
     kinds: list[list[str]]
     stats: SpecStats
     rows: list[int] = field(default_factory=list)
+    tree: RoundTree | None = None  # a token tree's round: the tree it grew (`hfspec.dyntree`)

@@ -1,5 +1,6 @@
 """Take the README's pictures of the real dashboard: the Live, Sweep and Compare tabs at 1366×768 and the Live
-tab at 1024×700 (docs/screenshot*.png), after real runs of the micro-rtn4 preset.
+tab at 1024×700 (docs/screenshot*.png), after real runs of the micro-rtn4 preset; then the Live tab drawing the
+last pass's token tree after a run of the micro-tree preset (docs/screenshot-tree.png; `--tree-only`: just that).
 
     scripts/screenshot.sh                       # under Xvfb (xvfb-run), the X screen is grabbed
     QT_QPA_PLATFORM=offscreen python scripts/screenshot.py   # without X: the window renders itself
@@ -28,6 +29,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--tree-only", action="store_true", help="only the token tree's picture")
+    parser.add_argument("--tree-seed", type=int, default=12)
     args = parser.parse_args()
 
     from PySide6.QtCore import QEventLoop, QSettings, QTimer
@@ -76,20 +79,34 @@ def main() -> int:
     window.sweep.repeats.setValue(args.repeats)
     window.compare.items.setPlainText(f"rtn4\nrtn3\nrtn8\n{NANO.relative_to(ROOT)}")
     window.compare.repeats.setValue(args.repeats)
-    for start in (window.start_sweep, window.start_compare, window.start_run):
-        start()
-        settle()
-        if window.last_error:
-            print("failed:", window.last_error, file=sys.stderr)
+    def run(*starts) -> bool:
+        for start in starts:
+            start()
+            settle()
+            if window.last_error:
+                print("failed:", window.last_error, file=sys.stderr)
+                return False
+        return True
+
+    if not args.tree_only:
+        if not run(window.start_sweep, window.start_compare, window.start_run):
             return 1
-    window.tabs.setCurrentWidget(window.sweep)
-    shot("screenshot-sweep.png")
-    window.tabs.setCurrentWidget(window.compare)
-    shot("screenshot-compare.png")
-    window.tabs.setCurrentWidget(window.live)
-    shot("screenshot.png")
-    window.resize(*SMALL)
-    shot("screenshot-1024x700.png")
+        window.tabs.setCurrentWidget(window.sweep)
+        shot("screenshot-sweep.png")
+        window.tabs.setCurrentWidget(window.compare)
+        shot("screenshot-compare.png")
+        window.tabs.setCurrentWidget(window.live)
+        shot("screenshot.png")
+        window.resize(*SMALL)
+        shot("screenshot-1024x700.png")
+    window.resize(*LARGE)
+    window.controls.choose_preset("micro-tree")
+    window.controls.seed.setValue(args.tree_seed)  # a text that meets </s> after 86 tokens: its last pass has room
+    window.controls.ignore_eos.setChecked(False)   # for a tree with branches (the passes before the length limit
+    window.controls.max_new_tokens.setValue(128)   # have no room for one)
+    if not run(window.start_run):
+        return 1
+    shot("screenshot-tree.png")
     window.shutdown()
     window.close()
     return 0

@@ -326,6 +326,49 @@ def test_seeded_auto_tree_gives_one_text_whatever_the_clock(monkeypatch):
     assert not torch.equal(outs[0], other)
 
 
+# ---- the round's tree, as data for live displays ----------------------------------------------------------
+
+def _well_formed(tree, committed: list[int]) -> None:
+    """Parents precede children, depths follow parents, the path is a chain down from the root, and the path's
+    tokens then the final token are what the round committed (cut where a stop cut it)."""
+    n = len(tree.tokens)
+    assert len(tree.parents) == len(tree.depths) == n  # 0 where no node was worth its cost
+    for k, (parent, depth) in enumerate(zip(tree.parents, tree.depths, strict=True)):
+        assert -1 <= parent < k and depth == (1 if parent < 0 else tree.depths[parent] + 1)
+    assert [tree.parents[k] for k in tree.path] == [-1, *tree.path][:len(tree.path)]
+    assert tree.kind in ("bonus", "resampled")
+    assert ([tree.tokens[k] for k in tree.path] + [tree.token])[:len(committed)] == committed
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_each_round_and_the_last_live_snapshot_carry_the_tree_it_grew(temperature):
+    from hfspec.live import IncrementalDecoder, LiveRecorder
+
+    target = build("llama", init=0.2)
+    draft = perturbed(target, scale=0.6)
+    snapshots, events = [], []
+    recorder = LiveRecorder(IncrementalDecoder(None, IDS[0].tolist()), snapshots.append)
+
+    def on_round(event):
+        events.append(event)
+        recorder(event)
+
+    out = hfspec.generate(target, IDS, draft=draft, tree="auto", temperature=temperature, seed=3,
+                          max_new_tokens=40, min_new_tokens=40, on_round=on_round)
+    assert len(events) == len(snapshots) == out.stats.target_passes
+    for event in events:
+        _well_formed(event.tree, event.new_tokens[0])
+    assert any(len(e.tree.path) > 0 for e in events) and any(len(e.tree.tokens) > len(e.tree.path) for e in events)
+    last = snapshots[-1]
+    assert last.tree is not None and last.tree.tokens == events[-1].tree.tokens
+    _well_formed(last.tree, events[-1].new_tokens[0])
+    assert last.committed == len(events[-1].new_tokens[0]) <= len(last.tree.path) + 1
+    assert last.tree.texts == tuple(str(t) for t in last.tree.tokens) and last.tree.token_text == str(last.tree.token)
+    chain = []
+    hfspec.generate(target, IDS, draft=draft, temperature=temperature, seed=3, max_new_tokens=8, on_round=chain.append)
+    assert chain and all(e.tree is None for e in chain)  # a chain has no tree
+
+
 # ---- refusals ---------------------------------------------------------------------------------------------
 
 def test_what_cannot_run_a_token_tree_is_refused_by_name_before_any_model_runs(monkeypatch):

@@ -73,7 +73,7 @@ def test_every_shipped_preset_loads(name):
     else:
         assert "/" in p.target and not Path(p.target).is_absolute()
     kw = p.sampling_kwargs()
-    fixed = {"min_new_tokens"} if p.ignore_eos else set()
+    fixed = ({"min_new_tokens"} if p.ignore_eos else set()) | ({"tree"} if p.tree != 0 else set())
     assert set(kw) == {"gamma", "temperature", "top_k", "top_p", "max_new_tokens", "seed"} | fixed
 
 
@@ -103,6 +103,18 @@ def test_ignore_eos_key(tmp_path):
     assert p.ignore_eos and p.sampling_kwargs()["min_new_tokens"] == p.max_new_tokens
     with pytest.raises(HfspecError, match="ignore_eos"):
         load_preset(str(write(tmp_path, extra='ignore_eos = "yes"\n')))
+
+
+def test_tree_and_coupling_keys_reach_the_settings_and_are_checked_by_run_settings(tmp_path):
+    p = load_preset(str(write(tmp_path)))
+    assert (p.tree, p.coupling) == (0, "rejection")
+    s = load_preset(str(write(tmp_path, extra='tree = "auto"\n'))).settings()
+    assert (s.tree, s.coupling) == ("auto", "rejection")
+    assert load_preset(str(write(tmp_path, extra='coupling = "gumbel"\n'))).settings().coupling == "gumbel"
+    for extra, field in (('tree = 9\n', "tree"), ('tree = "wide"\n', "tree"), ('coupling = "max"\n', "coupling"),
+                         ('tree = 3\ncoupling = "gumbel"\n', "tree")):
+        with pytest.raises(HfspecError, match=f"preset custom: {field}: "):
+            load_preset(str(write(tmp_path, extra=extra)))
 
 
 def test_load_by_path_resolves_relative_to_file(tmp_path):
