@@ -30,8 +30,8 @@ LABELS = {"smollm2": "SmolLM2-135M as shipped (4-bit-exact for rtn4: a best case
 def main() -> None:
     p = common.parser(__doc__.splitlines()[0])
     p.set_defaults(models="micro,smollm2-offgrid", repeats=3)
-    p.add_argument("--runs", default="rtn4-compiled:4,gptq4-compiled:4,gptq4-compiled:auto",
-                   help="draft:gamma pairs, comma-separated")
+    p.add_argument("--runs", default="rtn4-compiled:4,gptq4-compiled:4,gptq4-compiled:auto,gptq4-compiled:auto:auto",
+                   help="draft:gamma or draft:gamma:tree (tree auto: a token tree), comma-separated")
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--temperatures", default="0,1")
     p.add_argument("--prompt", default="Once upon a time")
@@ -86,25 +86,38 @@ def render(header: str, rows: list[dict]) -> list[str]:
 def measure(args) -> list[dict]:
     import hfspec
 
-    runs = [(r.rsplit(":", 1)[0], r.rsplit(":", 1)[1]) for r in args.runs.split(",")]
+    runs = [_run(r) for r in args.runs.split(",")]
     rows = []
     for name, folder in common.model_folders(args).items():
         for dtype in args.dtypes.split(","):
             target, tok = common.load(folder, dtype)
             ids = common.prompt_ids(tok, args.prompt)
-            drafts = {spec: hfspec.make_draft(target, spec) for spec in dict.fromkeys(s for s, _ in runs)}
+            drafts = {spec: hfspec.make_draft(target, spec) for spec in dict.fromkeys(s for s, _, _ in runs)}
             for temperature in (float(t) for t in args.temperatures.split(",")):
-                keyed = {f"{spec}@{gamma}": (drafts[spec], gamma if gamma == "auto" else int(gamma))
-                         for spec, gamma in runs}
+                keyed = {f"{spec}@{gamma}": (drafts[spec], gamma if gamma == "auto" else int(gamma),
+                                             {} if tree is None else {"tree": tree})
+                         for spec, gamma, tree in runs}
                 result = common.against_plain(target, ids, keyed, temperature, args.max_new_tokens, args.repeats,
                                               args.seed)
                 for key, r in result.items():
                     spec, gamma = key.split("@")
+                    tree = next(t for s, g, t in runs if s == spec and g == gamma)
+                    gamma = gamma if tree is None else f"tree {tree}"
                     row = {"target": name, "dtype": dtype, "temperature": temperature, "draft": spec, "gamma": gamma,
                            **r}
                     rows.append(row)
                     print(render("", [row])[4], flush=True)  # the row itself
     return rows
+
+
+def _run(text: str) -> tuple[str, str, str | int | None]:
+    """"draft:gamma" or "draft:gamma:tree" (tree "auto" or 2..8) → (draft, gamma, tree or None)."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3):
+        raise SystemExit(f"--runs: cannot read {text!r}; write draft:gamma or draft:gamma:tree, e.g. gptq4:4, "
+                         "gptq4-compiled:auto:auto")
+    tree = None if len(parts) == 2 else (parts[2] if parts[2] == "auto" else int(parts[2]))
+    return parts[0], parts[1], tree
 
 
 if __name__ == "__main__":

@@ -104,7 +104,8 @@ def ruler_columns(timings, name: str, baseline_stats=None) -> dict:
 
 def against_plain(target, ids, runs: dict, temperature: float, tokens: int, repeats: int,
                   seed: int) -> dict:
-    """Plain `generate` and `hfspec.generate` with each of `runs` ({key: (draft, gamma)}), timed by the ruler
+    """Plain `generate` and `hfspec.generate` with each of `runs` ({key: (draft, gamma)} or (draft, gamma, more
+    keywords for hfspec.generate, e.g. {"tree": "auto"})), timed by the ruler
     (`timed_rounds`: interleaved, a warm-up round not counted, round r seeded with seed + r, outliers re-measured),
     each making exactly `tokens` tokens. Per key: alpha and tokens_per_pass (pooled over kept rounds),
     draft_ms_per_forward (median), tok_s and vs_plain (medians) with vs_plain_low/high, pairs, stable, warnings,
@@ -120,11 +121,12 @@ def against_plain(target, ids, runs: dict, temperature: float, tokens: int, repe
         target.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, **sample)
 
     def speculative(key):
-        draft, gamma = runs[key]
+        draft, gamma, *more = runs[key]
 
         def run(r):
             return hfspec.generate(target, ids, draft=draft, gamma=gamma, temperature=temperature,
-                                   max_new_tokens=tokens, min_new_tokens=tokens, seed=seed + r)
+                                   max_new_tokens=tokens, min_new_tokens=tokens, seed=seed + r,
+                                   **(more[0] if more else {}))
         return run
 
     # both sides by the wall clock (plain HF generate has no stats of its own)

@@ -39,6 +39,9 @@ from hfspec.stats import SpecStats
 
 ROUGH_BELOW = 3  # pairs: a measurement from fewer is shown as rough
 OUTLIER_Z = 3.5  # |modified z-score| (0.6745·(x − median)/MAD of the logs) above which a round is an outlier
+# the MAD's floor on the log scale: the run-to-run jitter of a quiet 2-core VM (~3 %), so that out of a few
+# agreeing rounds only one ≳ 16 % off the median (3.5 · 0.03 / 0.6745) is an outlier, not every 5 % wobble
+MAD_FLOOR = 0.03
 MAX_OUTLIER_SHARE = 0.2  # more outliers than this share of the rounds (after re-measuring): unstable
 STABLE_WIDTH = 0.3  # interval width / median above which a figure is unstable
 LEVEL = 0.95  # the interval's aimed coverage
@@ -119,8 +122,8 @@ def median_interval(values: Sequence[float], level: float = LEVEL) -> tuple[floa
 
 def outliers(values: Sequence[float], z: float = OUTLIER_Z) -> list[bool]:
     """MAD-based outliers of positive values, on a log scale (a 10× slow run and a 10× fast one are alike):
-    |0.6745·(log x − median)/MAD| > z. The MAD is floored at 1% so identical values do not make every small
-    difference an outlier. Under three values nothing is an outlier (there is no majority to judge by)."""
+    |0.6745·(log x − median)/MAD| > z. The MAD is floored at `MAD_FLOOR` (a quiet machine's jitter) so that a few
+    nearly equal values do not make every small difference an outlier. Under three values nothing is an outlier (there is no majority to judge by)."""
     if len(values) < 3:
         return [False] * len(values)
     logs = [math.log(v) if v > 0 else -math.inf for v in values]
@@ -128,7 +131,7 @@ def outliers(values: Sequence[float], z: float = OUTLIER_Z) -> list[bool]:
     if not finite:
         return [False] * len(values)
     mid = statistics.median(finite)
-    mad = max(statistics.median(abs(x - mid) for x in finite), 0.01)
+    mad = max(statistics.median(abs(x - mid) for x in finite), MAD_FLOOR)
     return [not math.isfinite(x) or abs(0.6745 * (x - mid) / mad) > z for x in logs]
 
 

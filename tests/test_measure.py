@@ -96,6 +96,9 @@ def test_mad_outliers_on_a_log_scale():
     assert outliers(values) == [False, False, False, False, True, False, True]
     assert outliers([1.0, 1.0, 1.0, 1.001]) == [False] * 4  # the MAD floor: no outliers out of equal values
     assert outliers([1.0, 10.0]) == [False, False]  # no majority to judge by
+    # a quiet machine's jitter is not an outlier out of three rounds; a round 25 % off is (negative control)
+    assert outliers([1.50, 1.51, 1.58]) == [False] * 3
+    assert outliers([1.50, 1.51, 1.90]) == [False, False, True]
 
 
 def test_a_quiet_sequence_is_stable():
