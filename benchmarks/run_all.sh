@@ -71,5 +71,7 @@ run "drafts speed" python bench_drafts.py speed --model "$SMOLLM2"
 run fp32_linear python bench_fp32_linear.py
 run results python bench_results.py --smollm2-offgrid "$OFFGRID"
 run calibrated python bench_calibrated.py --models micro,smollm2-offgrid --smollm2-offgrid "$OFFGRID"
+run agreement python bench_agreement.py --models micro,smollm2-offgrid --smollm2-offgrid "$OFFGRID" --gamma 4 \
+    --temperatures 0,1 --max-new-tokens 128 --repeats 3
 rm -rf "$TMP"
 echo "wrote $FILE" >&2
