@@ -276,7 +276,7 @@ def cmd_sweep(args) -> int:
     from tqdm import tqdm
 
     from hfspec import report
-    from hfspec.sweep import parse_gammas, sweep
+    from hfspec.sweep import parse_gammas, speculative_options, sweep
 
     gammas = parse_gammas(args.gammas)
     if args.repeats < 1:
@@ -293,7 +293,7 @@ def cmd_sweep(args) -> int:
                disable=not sys.stderr.isatty())
     rows = [r.to_dict() for r in sweep(target, drafts, gammas, ids, sampling, seed=settings.seed,
                                         repeats=args.repeats, check_greedy=not args.no_greedy_check,
-                                        on_row=lambda _: bar.update())]
+                                        on_row=lambda _: bar.update(), options=speculative_options(settings))]
     bar.close()
     if args.csv:
         report.write_csv(rows, args.csv)
@@ -312,7 +312,7 @@ def cmd_sweep(args) -> int:
 
 def cmd_compare(args) -> int:
     from hfspec import report
-    from hfspec.sweep import sweep
+    from hfspec.sweep import speculative_options, sweep
 
     settings = _settings(args)
     specs = [d.strip() for d in args.drafts.split(",") if d.strip()]
@@ -322,7 +322,8 @@ def cmd_compare(args) -> int:
     sampling = settings.sampling_kwargs()
     sampling.pop("seed")
     rows = [r.to_dict() for r in sweep(target, drafts, [settings.gamma], session.encode(settings, tokenizer),
-                                        sampling, seed=settings.seed, repeats=args.repeats, check_greedy=False)]
+                                        sampling, seed=settings.seed, repeats=args.repeats, check_greedy=False,
+                                        options=speculative_options(settings))]
     if args.csv:
         report.write_csv(rows, args.csv)
     if args.json:

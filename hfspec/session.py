@@ -37,7 +37,7 @@ from hfspec.settings import (
     parse_list,
     split_draft_spec,
 )
-from hfspec.sweep import SweepRow, plain_run
+from hfspec.sweep import SweepRow, plain_run, speculative_options
 from hfspec.sweep import sweep as run_sweep
 from hfspec.validate import GAMMA_MAX
 
@@ -234,7 +234,8 @@ class Session:
                 on_point(row)
 
         run_sweep(target, models, gammas, self.encode(settings, tokenizer), sampling, seed=seed, repeats=repeats,
-                  check_greedy=False, on_row=finished, should_stop=should_stop, on_start=started)
+                  check_greedy=False, on_row=finished, should_stop=should_stop, on_start=started,
+                  options=speculative_options(settings))
         result.stopped = len(result.points) < len(specs) * len(gammas)
         return result
 
@@ -260,7 +261,8 @@ class Session:
             target, draft, tokenizer = self.load(entry, progress, should_stop)
             sampling, seed = _sampling(entry)
             got = run_sweep(target, {spec: draft}, [settings.gamma], self.encode(entry, tokenizer), sampling,
-                            seed=seed, repeats=repeats, check_greedy=False, should_stop=should_stop)
+                            seed=seed, repeats=repeats, check_greedy=False, should_stop=should_stop,
+                            options=speculative_options(entry))
             if not got:
                 break
             row = CompareRow(**got[0].to_dict(), label=label, target=target_source)

@@ -154,12 +154,13 @@ def draft_fidelity(target, draft, input_ids) -> float | None:
 
 def measure_point(target, draft, label: str, gamma, input_ids, sampling: dict, seed: int, repeats: int,
                   greedy_reference: torch.Tensor | None = None, should_stop: Stop = None,
-                  warmup: int = 0) -> SweepRow | None:
+                  warmup: int = 0, options: dict | None = None) -> SweepRow | None:
     """`repeats` (speculative run, plain run) pairs at one γ (`measure_speedup`: outliers re-measured, up to
     `repeats` more pairs), after `warmup` uncounted pairs; None when stopped. With `greedy_reference` (the
-    target's own greedy output) a temperature-0 run checks token identity."""
+    target's own greedy output) a temperature-0 run checks token identity. `options` (`speculative_options`:
+    tree, early exit) go to the speculative runs only, as `hfspec run` gives them."""
     n = sampling["max_new_tokens"]
-    fixed = dict(sampling, min_new_tokens=n)
+    fixed = dict(sampling, min_new_tokens=n, **(options or {}))
 
     def speculative(r: int) -> SpecStats:
         return hfspec.generate(target, input_ids, draft=draft, gamma=gamma, seed=seed + r, should_stop=should_stop,
@@ -175,6 +176,12 @@ def measure_point(target, draft, label: str, gamma, input_ids, sampling: dict, s
         out = hfspec.generate(target, input_ids, draft=draft, gamma=gamma, should_stop=should_stop, **greedy)
         identical = int(torch.equal(out.sequences, greedy_reference))
     return _row(label, gamma, measured, identical)
+
+
+def speculative_options(settings) -> dict:
+    """A `RunSettings`' options of the speculative run beyond γ and sampling (tree, early exit), as its
+    `generate_kwargs` give them to `hfspec run`: a sweep or comparison of the same settings times the same thing."""
+    return {k: v for k, v in settings.generate_kwargs().items() if k in ("tree", "early_exit")}
 
 
 def _row(label: str, gamma, measured: Measurement, identical) -> SweepRow:
@@ -218,7 +225,8 @@ def _sd(values: list[float]) -> float | None:
 
 def sweep(target, drafts: dict, gammas: list, input_ids, sampling: dict, seed: int = 1, repeats: int = 1,
           check_greedy: bool = True, on_row: Callable[[SweepRow], None] | None = None, should_stop: Stop = None,
-          on_start: Callable[[int, int, str, object], None] | None = None) -> list[SweepRow]:
+          on_start: Callable[[int, int, str, object], None] | None = None,
+          options: dict | None = None) -> list[SweepRow]:
     """Every draft (label -> draft) at every γ; `sampling`: temperature, top_k, top_p, max_new_tokens.
 
     `on_start(index, total, label, gamma)` is called before each point (index from 1), `on_row` after it.
@@ -242,7 +250,8 @@ def sweep(target, drafts: dict, gammas: list, input_ids, sampling: dict, seed: i
             if on_start is not None:
                 on_start(index, total, label, gamma)
             row = measure_point(target, draft, label, gamma, input_ids, sampling, seed, repeats, reference,
-                                should_stop, warmup=1 if k == 0 else 0)  # a draft's first pair warms it up
+                                should_stop, warmup=1 if k == 0 else 0,  # a draft's first pair warms it up
+                                options=options)
             if row is None:
                 return rows
             row.fidelity = fidelity

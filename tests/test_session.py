@@ -232,6 +232,26 @@ def test_bad_target_is_a_user_error(session, micro):
         session.run(replace(micro, target="/no/such/model"))
 
 
+def test_sweep_and_compare_time_what_a_run_of_the_same_settings_times(session, micro, monkeypatch):
+    """Issue 30: the dashboard's Sweep and Compare tabs and `hfspec sweep` / `compare` give the settings' tree and
+    early exit to their speculative runs, as `hfspec run` does (they were dropped: a sweep of a tree preset timed
+    the plain chain while the run timed the tree)."""
+    from hfspec.cli import main
+
+    seen = []
+    generate = hfspec.generate
+    monkeypatch.setattr(hfspec, "generate", lambda *a, **k: seen.append((k.get("tree"), k.get("early_exit")))
+                        or generate(*a, **k))
+    settings = replace(micro, draft="rtn4", max_new_tokens=4)
+    session.sweep(replace(settings, tree=2), gammas=[2], repeats=1)  # a warm-up pair and one pair
+    session.compare(replace(settings, early_exit=True), ["rtn4"], repeats=1)
+    assert seen == [(2, None)] * 2 + [(None, True)] * 2
+    seen.clear()
+    assert main(["sweep", "--preset", "micro-tree", "--draft", "rtn4", "--gammas", "2", "--max-new-tokens", "4",
+                 "--no-greedy-check", "--json"]) == 0
+    assert seen == [("auto", None)] * 2
+
+
 def test_sweep_and_compare_run_the_cli_engine(session, micro, monkeypatch):
     calls = []
     real = session_module.run_sweep
