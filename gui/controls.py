@@ -41,7 +41,7 @@ DTYPES = [("default", ""), ("float32", "float32"), ("bfloat16", "bfloat16"), ("f
 
 def _available_presets() -> list[str]:
     try:
-        from hfspec.presets import list_presets
+        from hfspec.io.presets import list_presets
 
         return list_presets()
     except (ImportError, HfspecError):
@@ -438,7 +438,7 @@ class ControlPanel(QWidget):
                 self.preset_info.setText("Custom: your own target, draft and settings.")
             return
         try:
-            from hfspec.presets import load_preset
+            from hfspec.settings import load_preset
 
             p = load_preset(name)
             note = " · downloads from the Hugging Face hub" if p.needs_download else " · runs offline"

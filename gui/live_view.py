@@ -32,8 +32,8 @@ from gui.figures import (
 )
 from gui.plots import PALETTE, fmt, make_plot, retheme_plot, spaced_ticks, unit_line
 from gui.widgets import FlowLayout, Metric
+from hfspec.decoding.stats import expected_tokens_per_pass
 from hfspec.session import ROLLING_WINDOW
-from hfspec.stats import expected_tokens_per_pass
 
 KIND_COLOURS = {  # background of a generated token, by how it was produced
     "accepted": "#b7e4b0",   # draft token the target accepted

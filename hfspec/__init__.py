@@ -1,10 +1,10 @@
 """hfspec: exact speculative decoding for Hugging Face causal LMs."""
 
+from hfspec.api import SpeculativeOutput, generate, plain_generate, speculative_generate
 from hfspec.compat import estimated_speedup  # deprecated: paper_speedup (hfspec.compat)
-from hfspec.dyntree import TreeShape
+from hfspec.decoding.stats import SpecStats, expected_tokens_per_pass, optimal_gamma, paper_speedup
+from hfspec.decoding.trees import TreeShape
 from hfspec.errors import HfspecError
-from hfspec.hf import SpeculativeOutput, generate, plain_generate, speculative_generate
-from hfspec.stats import SpecStats, expected_tokens_per_pass, optimal_gamma, paper_speedup
 
 __all__ = [
     "HfspecError",

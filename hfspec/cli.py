@@ -43,7 +43,7 @@ def _draft_specs() -> str:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    from hfspec.presets import DEFAULT_PRESET
+    from hfspec.io.presets import DEFAULT_PRESET
 
     p.add_argument("--preset", default=DEFAULT_PRESET, help=f"preset name or .toml path (default {DEFAULT_PRESET})")
     p.add_argument("--target", help="target: model folder, hub id or .gguf file (overrides the preset)")
@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _audit_arguments(p: argparse.ArgumentParser) -> None:
-    from hfspec.presets import DEFAULT_PRESET
+    from hfspec.io.presets import DEFAULT_PRESET
 
     p.add_argument("--preset", default=DEFAULT_PRESET, help=f"fills in what the flags leave out (default {DEFAULT_PRESET})")
     p.add_argument("--target", help="target: model folder, hub id or .gguf file")
@@ -160,7 +160,7 @@ def _audit_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gamma", type=int)
     p.add_argument("--seed", type=int)
     p.add_argument("--bitwise-verify", action="store_true",
-                   help="audit with hfspec.exactness.use_bitwise_verify (bf16 greedy bit for bit on CPUs that allow it)")
+                   help="audit with hfspec.audit.exactness.use_bitwise_verify (bf16 greedy bit for bit on CPUs that allow it)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
 
 
@@ -249,7 +249,7 @@ def _say(message: str) -> None:
 
 def cmd_run(args) -> int:
     from hfspec import report
-    from hfspec.exactness import exactness_note
+    from hfspec.audit.exactness import exactness_note
 
     # --ignore-eos can only turn it on: without the flag the preset's own ignore_eos stands
     settings = _settings(args, measure_baseline=not args.no_baseline, **({"ignore_eos": True} if args.ignore_eos else {}))
@@ -276,7 +276,7 @@ def cmd_sweep(args) -> int:
     from tqdm import tqdm
 
     from hfspec import report
-    from hfspec.sweep import parse_gammas, sweep
+    from hfspec.measure.sweep import parse_gammas, sweep
 
     gammas = parse_gammas(args.gammas)
     if args.repeats < 1:
@@ -312,7 +312,7 @@ def cmd_sweep(args) -> int:
 
 def cmd_compare(args) -> int:
     from hfspec import report
-    from hfspec.sweep import sweep
+    from hfspec.measure.sweep import sweep
 
     settings = _settings(args)
     specs = [d.strip() for d in args.drafts.split(",") if d.strip()]
@@ -339,7 +339,7 @@ def cmd_compare(args) -> int:
 
 def cmd_bench(args) -> int:
     from hfspec import report
-    from hfspec.benchmark import compare_methods
+    from hfspec.measure.benchmark import compare_methods
 
     settings = _settings(args)
     session = _session(args)
@@ -366,7 +366,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_audit(args) -> int:
-    from hfspec.audit import run_command
+    from hfspec.audit.command import run_command
 
     return run_command(args, progress=_say)
 
@@ -374,8 +374,9 @@ def cmd_audit(args) -> int:
 def cmd_sensitivity(args) -> int:
     from hfspec import report
     from hfspec.drafts.sensitivity import check_arguments, sensitivity
-    from hfspec.loading import load_model
-    from hfspec.presets import DEFAULT_PRESET, list_presets, load_preset
+    from hfspec.io.loading import load_model
+    from hfspec.io.presets import DEFAULT_PRESET, list_presets
+    from hfspec.settings import load_preset
 
     check_arguments(args.bits, args.group, args.method, args.by, args.tokens)
     if args.json:
@@ -393,7 +394,8 @@ def cmd_sensitivity(args) -> int:
 
 
 def cmd_presets(args) -> int:
-    from hfspec.presets import list_presets, load_preset
+    from hfspec.io.presets import list_presets
+    from hfspec.settings import load_preset
 
     for name in list_presets():
         p = load_preset(name)
@@ -422,7 +424,7 @@ def cmd_export_hub(args) -> int:
 
 
 def cmd_export_draft(args) -> int:
-    from hfspec.export_draft import export_draft_cli
+    from hfspec.io.export_draft import export_draft_cli
 
     return export_draft_cli(args.target, args.draft, args.out, gamma=args.gamma, dtype=args.dtype,
                             overwrite=args.overwrite, check=not args.no_check, say=_say)

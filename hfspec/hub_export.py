@@ -51,7 +51,7 @@ def hub_generate(model, inputs=None, *, draft=None, gamma=None, draft_options: d
     return_dict_in_generate (the dict is hfspec's SpeculativeOutput: sequences, stats, token_kinds), seed.
     """
     from hfspec import validate
-    from hfspec.hf import speculative_generate
+    from hfspec.api import speculative_generate
 
     if assistant_model is not None:
         if draft is not None:
@@ -100,7 +100,7 @@ def export_hub(out, *, draft: str = DEFAULT_DRAFT, gamma=DEFAULT_GAMMA, overwrit
     """Write a `custom_generate` folder to `out`; `draft` and `gamma` are its defaults (checked first)."""
     from hfspec import validate
     from hfspec.drafts import parse_draft_spec
-    from hfspec.export_draft import check_out_folder
+    from hfspec.io.export_draft import check_out_folder
 
     if not isinstance(draft, str):
         raise validate.bad_value("draft", type(draft).__name__, "a draft spec string (the folder's default)")

@@ -7,7 +7,7 @@
     sweep = session.sweep(settings, gammas=range(1, 9), drafts=["rtn4", "rtn3-g64"], repeats=3)
     rows = session.compare(settings, drafts=["rtn4", "rtn3-g64", "models/nano"])
 
-Everything returns plain data (dataclasses, lists, floats). Sweeps and comparisons are `hfspec.sweep`, the CLI's
+Everything returns plain data (dataclasses, lists, floats). Sweeps and comparisons are `hfspec.measure.sweep`, the CLI's
 engine (repeats, fixed length, baselines measured beside each run). A run's baseline is plain decoding of
 exactly the run's token count, measured right after it, never cached. Draft specs go through the one registry
 (`hfspec.drafts.registry`). `should_stop()` is polled between loading steps, during loading (through the
@@ -26,8 +26,10 @@ from dataclasses import replace
 from hfspec.drafts import registry
 from hfspec.errors import HfspecError
 from hfspec.live import ROLLING_WINDOW, IncrementalDecoder, LiveBuffer, LiveRecorder, LiveSnapshot
-from hfspec.measure import Measurement, measure_speedup
-from hfspec.results import STOP_REASONS, Baseline, CompareRow, RunResult, SweepPoint, SweepResult
+from hfspec.measure.results import STOP_REASONS, Baseline, CompareRow, RunResult, SweepPoint, SweepResult
+from hfspec.measure.ruler import Measurement, measure_speedup
+from hfspec.measure.sweep import SweepRow, plain_run
+from hfspec.measure.sweep import sweep as run_sweep
 from hfspec.settings import (
     RunSettings,
     build_draft,
@@ -37,8 +39,6 @@ from hfspec.settings import (
     parse_list,
     split_draft_spec,
 )
-from hfspec.sweep import SweepRow, plain_run
-from hfspec.sweep import sweep as run_sweep
 from hfspec.validate import GAMMA_MAX
 
 __all__ = [
@@ -93,7 +93,7 @@ class Session:
         key = self._target_key(source, dtype, device)
         if key not in self._targets:
             say = _guarded(progress, should_stop)
-            from hfspec.loading import load_model, load_tokenizer
+            from hfspec.io.loading import load_model, load_tokenizer
 
             say(f"loading target {source}…")
             model = load_model(source, dtype=key[1], device=key[2], progress=say, role="target")
@@ -202,12 +202,12 @@ class Session:
             return None
         return Baseline(stats.new_tokens, stats.time_total, stats=stats)
 
-    # -------------------------------------------------------------- sweep and compare (hfspec.sweep)
+    # -------------------------------------------------------------- sweep and compare (hfspec.measure.sweep)
     def sweep(self, settings: RunSettings, gammas: Iterable[int], drafts: Iterable[str] | None = None,
               repeats: int = 1, on_point: Callable[[SweepRow], None] | None = None,
               should_stop: StopCheck | None = None, progress: Progress | None = None,
               on_step: Step | None = None) -> SweepResult:
-        """Each draft × γ through `hfspec.sweep.sweep`: `repeats` fixed-length runs per point, each beside its
+        """Each draft × γ through `hfspec.measure.sweep.sweep`: `repeats` fixed-length runs per point, each beside its
         own plain baseline; `on_step(i, n)` before point i of n, `on_point(row)` after it."""
         gammas = sorted({int(g) for g in gammas})
         if not gammas or gammas[0] < 1 or gammas[-1] > GAMMA_MAX:

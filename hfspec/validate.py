@@ -130,6 +130,6 @@ def _is_number(value) -> bool:
 
 def accepts_positions(*models) -> bool:
     """Batches with ragged acceptance need explicit position ids in every model."""
-    from hfspec.cache import accepts
+    from hfspec.kernels.cache import accepts
 
     return all(model is None or accepts(model, "position_ids") for model in models)

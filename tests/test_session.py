@@ -1,5 +1,5 @@
 """hfspec.session (the dashboard's model side, no Qt): draft specs through the registry, live data, runs with
-equal-length baselines measured beside them, stop reasons, and sweep / compare through hfspec.sweep."""
+equal-length baselines measured beside them, stop reasons, and sweep / compare through hfspec.measure.sweep."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from hfspec.session import (
 )
 from hfspec.validate import GAMMA_MAX
 
-presets = pytest.importorskip("hfspec.presets")
+presets = pytest.importorskip("hfspec.io.presets")
 NANO = Path(__file__).resolve().parents[1] / "presets" / "models" / "nano"
 EOS_PROMPT = "Deprecated since version 3.4."  # the micro model's greedy next token here is </s>
 

@@ -1,4 +1,4 @@
-"""hfspec.sweep, the one engine of the CLI's and the dashboard's sweeps: fixed length, baselines measured beside
+"""hfspec.measure.sweep, the one engine of the CLI's and the dashboard's sweeps: fixed length, baselines measured beside
 each run (interleaved, never cached), statistics over repeats, the estimate from c_time, stop."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from tiny_models import build, perturbed
 
 import hfspec
 from hfspec import measure
-from hfspec import sweep as engine
-from hfspec.costmodel import predict
-from hfspec.stats import expected_tokens_per_pass, paper_speedup
+from hfspec.decoding.costmodel import predict
+from hfspec.decoding.stats import expected_tokens_per_pass, paper_speedup
+from hfspec.measure import sweep as engine
 from hfspec.validate import GAMMA_MAX
 
 N = 6  # new tokens per run

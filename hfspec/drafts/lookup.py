@@ -27,7 +27,7 @@ from torch import nn
 from hfspec.drafts.base import Pick
 from hfspec.drafts.registry import DraftKind, DraftSpec, Field, fail
 from hfspec.errors import bad_value
-from hfspec.slots import Slots
+from hfspec.kernels.slots import Slots
 
 DEFAULT_NGRAM = 3
 NGRAMS = (1, 8)

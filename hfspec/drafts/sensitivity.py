@@ -296,7 +296,7 @@ def sensitivity(target: nn.Module, bits: int = 4, group_size: int = DEFAULT_GROU
 
 
 def _notes(target: nn.Module, units) -> list[str]:
-    from hfspec.drafts.lean import HEAD_FLOAT_BELOW, HEAD_TOP, lean_reason
+    from hfspec.kernels.lean import HEAD_FLOAT_BELOW, HEAD_TOP, lean_reason
 
     heads = [names for _, kind, names in units if kind == "head"]
     if not heads or lean_reason(target) is not None:

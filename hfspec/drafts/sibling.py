@@ -74,7 +74,7 @@ def _local_tokenizer(model: nn.Module):
 
 def _load_tokenizer(source, role: str):
     try:
-        from hfspec.loading import load_tokenizer
+        from hfspec.io.loading import load_tokenizer
     except ImportError:  # loading module missing: plain transformers
         from transformers import AutoTokenizer
 
@@ -84,7 +84,7 @@ def _load_tokenizer(source, role: str):
 
 def load_sibling(target: nn.Module, source, target_tokenizer=None, draft_tokenizer=None, **load_options) -> nn.Module:
     """Load a sibling draft (folder or hub id) onto the target's device and check it against the target."""
-    from hfspec.loading import load_model
+    from hfspec.io.loading import load_model
 
     options = {"dtype": _float_dtype(target), "device": _device_name(target), **load_options}
     draft = load_model(source, role="draft", **options)
