@@ -23,6 +23,8 @@ from hfspec.decoding.siblings import Tree
 from hfspec.decoding.stats import SpecStats
 from hfspec.decoding.stopping import Stopper
 from hfspec.decoding.trees import make_tree
+from hfspec.drafts import make_draft as _make_draft
+from hfspec.drafts import weight_bytes as draft_weight_bytes
 from hfspec.drafts.base import NoDraft, as_draft
 
 
@@ -219,8 +221,6 @@ def _tree(request: Request, stats: SpecStats, device):
 
 def weight_bytes(model) -> int:
     """Bytes of a model's weights (packed storage counted as stored; shared tensors once); 0 for no model."""
-    from hfspec.drafts import weight_bytes as draft_weight_bytes
-
     return 0 if model is None else int(draft_weight_bytes(model))
 
 
@@ -230,3 +230,8 @@ def _dtype_name(model) -> str:
         if p.is_floating_point():
             return str(p.dtype).replace("torch.", "")
     return ""
+
+
+def make_draft(target, spec, **options):
+    """Build a draft for `target`: "rtn4", "rtn3-g64", "bnb-int8", a sibling folder / hub id, or a model."""
+    return _make_draft(target, spec, **options)

@@ -9,8 +9,10 @@ import math
 from pathlib import Path
 
 from hfspec.decoding.stats import SpecStats, expected_tokens_per_pass, paper_speedup
+from hfspec.extras import require_extra
 from hfspec.measure import verify_cost
-from hfspec.measure.ruler import predicted_speedup
+from hfspec.measure.plausible import ideal_note
+from hfspec.measure.ruler import ROUGH_BELOW, predicted_speedup
 
 COLOURS = {"accepted": "\033[32m", "resampled": "\033[33m", "bonus": "\033[36m", "target": ""}
 RESET = "\033[0m"
@@ -82,8 +84,6 @@ def _source(stats: SpecStats, measurement) -> str:
 def measurement_lines(m, stats: SpecStats | None = None) -> list[str]:
     """The measured speed-up as the ruler (`hfspec.measure`) gives it: the figure with its interval, how it was
     timed, the verdict, and a line for each warning, flag, disagreement with the prediction and ideal note."""
-    from hfspec.measure.plausible import ideal_note
-
     x = m.measured_speedup
     interval = (f" [{m.low:.2f}–{m.high:.2f}×, {m.coverage:.0%} interval]"
                 if m.low is not None and m.high is not None and m.pairs > 1 else "")
@@ -170,8 +170,6 @@ def row_problem(row: dict) -> str:
     """Why a sweep/compare row's measured speed-up is not to be relied on ("" when it is): "implausible",
     "unstable" or "rough" (fewer than `hfspec.measure.ROUGH_BELOW` pairs), by the ruler's columns (rows written
     before them: by their repeats)."""
-    from hfspec.measure.ruler import ROUGH_BELOW
-
     if row.get("flags"):
         return "implausible"
     pairs = row.get("pairs") if row.get("pairs") is not None else row.get("repeats", 1)
@@ -199,8 +197,6 @@ def plot_sweep(rows: list[dict], path: str | Path) -> dict:
     formula with c_time and with c_bytes (ideal). The speed-up axis is set by the plausible values; a point
     beyond it is drawn at the edge with its value written. Returns what it drew: {"ylim", "unreliable":
     [(draft, γ, why)], "off_scale": [(draft, γ, value)]} (for tests)."""
-    from hfspec.extras import require_extra
-
     require_extra("plot", "plot", "drawing the sweep's figure")
     import matplotlib
 

@@ -23,8 +23,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
+from hfspec.api import generate
 from hfspec.drafts import registry
 from hfspec.errors import HfspecError
+from hfspec.io.loading import load_model, load_tokenizer
 from hfspec.live import ROLLING_WINDOW, IncrementalDecoder, LiveBuffer, LiveRecorder, LiveSnapshot
 from hfspec.measure.results import STOP_REASONS, Baseline, CompareRow, RunResult, SweepPoint, SweepResult
 from hfspec.measure.ruler import Measurement, measure_speedup
@@ -93,8 +95,6 @@ class Session:
         key = self._target_key(source, dtype, device)
         if key not in self._targets:
             say = _guarded(progress, should_stop)
-            from hfspec.io.loading import load_model, load_tokenizer
-
             say(f"loading target {source}…")
             model = load_model(source, dtype=key[1], device=key[2], progress=say, role="target")
             say("loading tokenizer…")
@@ -134,13 +134,11 @@ class Session:
         """One speculative run, then (when `settings.measure_baseline`) plain decoding of exactly as many
         tokens, measured right after it. `before_measure()` is called first: a display can finish drawing the run
         (a busy GUI thread takes cores from what is being timed)."""
-        import hfspec
-
         settings.validated()
         target, draft, tokenizer = self.load(settings, progress, should_stop)
         ids = self.encode(settings, tokenizer)
         live = LiveRecorder(IncrementalDecoder(tokenizer, ids[0].tolist()), on_live)
-        out = hfspec.generate(target, ids, draft=draft, on_round=live, should_stop=should_stop,
+        out = generate(target, ids, draft=draft, on_round=live, should_stop=should_stop,
                               **settings.generate_kwargs())
         prompt_text = tokenizer.decode(ids[0], skip_special_tokens=True)
         result = RunResult(settings=replace(settings), stats=out.stats, prompt_text=prompt_text, pieces=live.pieces,
@@ -157,8 +155,6 @@ class Session:
                  progress) -> Measurement | None:
         """Speculative decoding without the live display against plain decoding (`hfspec.measure`): segments of
         MEASURE_SEGMENT tokens of the run's text, up to MEASURE_PAIRS alternating pairs within MEASURE_BUDGET_S."""
-        import hfspec
-
         whole = n <= MEASURE_SEGMENT * 3 // 2 or ids.shape[0] != 1
         seg = n if whole else MEASURE_SEGMENT
         starts = [0] if whole else list(range(0, n - seg + 1, seg))
@@ -176,7 +172,7 @@ class Session:
                          f"display; up to {MEASURE_PAIRS} pairs in {MEASURE_BUDGET_S:g} s)…")
 
         def speculative(i: int):
-            return hfspec.generate(target, context(i), draft=draft, should_stop=should_stop, seed=seed + i,
+            return generate(target, context(i), draft=draft, should_stop=should_stop, seed=seed + i,
                                    **fixed).stats
 
         def plain(i: int):

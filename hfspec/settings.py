@@ -9,11 +9,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from hfspec.drafts import registry
-from hfspec.errors import HfspecError
-from hfspec.io.loading import load_model, load_tokenizer
+from hfspec.decoding.coupling import check_coupling
+from hfspec.decoding.request import TREE_MAX
+from hfspec.drafts import make_draft, registry
+from hfspec.errors import HfspecError, bad_value
+from hfspec.io.loading import load_model, load_tokenizer, parse_device, parse_dtype
+from hfspec.io.loading.sources import check_name_lengths
 from hfspec.io.presets import ALLOWED_KEYS, preset_values, read_preset, registered_kind
-from hfspec.validate import check_gamma
+from hfspec.validate import check_gamma, check_sampling
 
 Progress = Callable[[str], None]
 
@@ -51,10 +54,6 @@ class RunSettings:
 
     def validated(self) -> RunSettings:
         """Self, after checking every field's type and range (HfspecError naming the field and what is allowed)."""
-        from hfspec.errors import bad_value
-        from hfspec.io.loading import parse_device, parse_dtype
-        from hfspec.validate import check_sampling
-
         for name, what in (("target", "a model folder, a hub id (owner/name) or a .gguf file"),
                            ("draft", registry.allowed()),
                            ("prompt", "some text to continue")):
@@ -62,15 +61,11 @@ class RunSettings:
             if not isinstance(value, str) or not (value if name == "prompt" else value.strip()):
                 raise bad_value(name, value, what)
             if name != "prompt":  # a name the OS refuses: said now, before any model loads
-                from hfspec.io.loading.sources import check_name_lengths
-
                 check_name_lengths(value.strip(), name)
         check_gamma(self.gamma)
-        from hfspec.decoding.request import TREE_MAX
         if self.tree != "auto" and (isinstance(self.tree, bool) or not isinstance(self.tree, int)
                                     or not 0 <= self.tree <= TREE_MAX):
             raise bad_value("tree", self.tree, f"an integer from 0 to {TREE_MAX} (0 or 1: no tree) or \"auto\"")
-        from hfspec.decoding.coupling import check_coupling
         check_coupling(self.coupling)
         if self.coupling == "gumbel" and (self.tree == "auto" or self.tree > 1):
             raise bad_value("tree", self.tree, '0 or 1 with coupling="gumbel" (tree speculation keeps the law by '
@@ -179,8 +174,6 @@ def encode_prompt(settings: RunSettings, tokenizer):
 def build_draft(target, spec: str, tokenizer, progress: Progress | None = None):
     """The draft `spec` for `target`: kinds that take any option (a model to load) get the target's tokenizer
     to check against; kinds that report while building get `progress`."""
-    from hfspec import make_draft
-
     parsed = registry.parse(spec.strip())
     if progress is not None:
         progress(f"building draft {parsed.label}…")

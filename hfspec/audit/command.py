@@ -30,11 +30,17 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 import torch
 
+from hfspec import report
+from hfspec.api import generate, make_draft
 from hfspec.audit.chi2 import MIN_EXPECTED, Cells, SamplingTest, chi2_isf, chi2_sf, draft_only_samples
-from hfspec.audit.exactness import GreedyReport, check_greedy, dtype_of, exactness_note
+from hfspec.audit.exactness import GreedyReport, check_greedy, dtype_of, exactness_note, use_bitwise_verify
 from hfspec.decoding.sampling import warp
 from hfspec.decoding.scoring import fit_vocab
+from hfspec.drafts import parse_draft_spec
 from hfspec.errors import HfspecError
+from hfspec.io.loading import parse_device, parse_dtype
+from hfspec.session import RunSettings, Session
+from hfspec.validate import check_gamma, check_sampling, vocab_size
 
 DEFAULT_PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time,",
                    "The most important thing to know about")
@@ -100,8 +106,6 @@ class AuditResult:
 
 def check_options(tokens: int, samples: int, temperature, top_k, top_p, gamma, seed) -> None:
     """HfspecError naming the field and the allowed values (before any model loads)."""
-    from hfspec.validate import check_gamma, check_sampling
-
     for name, value, low in (("tokens", tokens, 1), ("samples", samples, 100)):
         if name == "samples" and value is None:
             continue
@@ -161,8 +165,6 @@ def audit(target, draft, prompts=DEFAULT_PROMPTS, settings: AuditSettings | None
     """Audit `target` with `draft` (a model, or a spec string built from the target). prompts: texts (with a
     tokenizer) or token id lists. settings: an `AuditSettings`; `options` (its field names, e.g. tokens=8,
     samples=400) replace its fields."""
-    import hfspec
-
     run = AuditSettings.of(settings, **options)
     run.check()
     say = progress or (lambda message: None)
@@ -170,7 +172,7 @@ def audit(target, draft, prompts=DEFAULT_PROMPTS, settings: AuditSettings | None
     draft_name = run.draft_name
     if isinstance(draft, str):
         draft_name = draft_name or draft
-        draft = hfspec.make_draft(target, draft)
+        draft = make_draft(target, draft)
     ids = [_ids(prompt, tokenizer) for prompt in prompts]
     if not ids:
         raise HfspecError("prompts: got none; allowed: one or more prompts")
@@ -198,8 +200,6 @@ def sampling_tests(target, draft, contexts: list[tuple[list[int], int]], setting
     contexts: (token ids, prompt length) pairs, the candidates for `choose_context`. samples None: the fewest of
     AUTO_SAMPLES whose predicted control power reaches AUTO_POWER (the most when none does), chosen from the
     exact laws before any sample is drawn."""
-    import hfspec
-
     vocab = _vocab(target)
     eos = _eos_ids(target)
     context = choose_context(target, draft, contexts, setting, samples or AUTO_SAMPLES[1], eos)
@@ -224,7 +224,7 @@ def sampling_tests(target, draft, contexts: list[tuple[list[int], int]], setting
     chunk = max(16, min(1024, (1 << 25) // (vocab * (gamma + 1))))  # bounds the [rows, γ+1, V] logits
     for start in range(0, samples, chunk):
         rows = min(chunk, samples - start)
-        out = hfspec.generate(target, torch.tensor([context] * rows), draft=draft, gamma=gamma, max_new_tokens=NEW,
+        out = generate(target, torch.tensor([context] * rows), draft=draft, gamma=gamma, max_new_tokens=NEW,
                               min_new_tokens=NEW, seed=seed + start, **setting)
         drawn += [tuple(r) for r in out.sequences[:, len(context):len(context) + NEW].tolist()]
     tests = [cells.test(drawn, f"hfspec {name}", setting, context, threshold)]
@@ -319,8 +319,6 @@ def _ids(prompt, tokenizer) -> list[int]:
 
 
 def _vocab(model) -> int:
-    from hfspec.validate import vocab_size
-
     return vocab_size(model)
 
 
@@ -336,11 +334,6 @@ def _eos_ids(model) -> list[int]:
 def run_command(args, progress=None) -> int:
     """`hfspec audit` (see `hfspec.cli`): 0 when every check passes, 1 when one fails. The preset fills in what
     the flags leave out; every option is checked before a model loads."""
-    from hfspec import report
-    from hfspec.drafts import parse_draft_spec
-    from hfspec.io.loading import parse_device, parse_dtype
-    from hfspec.session import RunSettings, Session
-
     preset = RunSettings.from_preset(args.preset)
     target_source = args.target or preset.target
     spec = (args.draft or preset.draft).strip()
@@ -365,8 +358,6 @@ def run_command(args, progress=None) -> int:
     target, tokenizer = session.load_target(target_source, progress=progress)
     draft = session.load_draft(target_source, spec, progress=progress)
     if args.bitwise_verify:
-        from hfspec.audit.exactness import use_bitwise_verify
-
         use_bitwise_verify(target)
     result = audit(target, draft, prompts, settings, tokenizer=tokenizer, progress=progress)
     if args.bitwise_verify:

@@ -28,6 +28,9 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from hfspec.api import generate, make_draft
+from hfspec.errors import HfspecError
+from hfspec.io.loading import parse_dtype
 from hfspec.kernels import cache as kv
 
 # A flip between tokens a and b needs their scores to move towards each other by the whole gap; each moves by
@@ -45,8 +48,6 @@ def dtype_of(model_or_dtype) -> torch.dtype:
     if isinstance(model_or_dtype, torch.dtype):
         return model_or_dtype
     if isinstance(model_or_dtype, str):
-        from hfspec.io.loading import parse_dtype
-
         parsed = parse_dtype(model_or_dtype, role="exactness")
         if not isinstance(parsed, torch.dtype):
             raise ValueError(f"dtype: got {model_or_dtype!r}; allowed: float32, bfloat16, float16 (not auto)")
@@ -141,12 +142,10 @@ def check_greedy(target, draft, prompts, max_new_tokens: int = 64, gamma: int = 
     draft: a model or a spec string ("rtn4", ...; built from the target as compared). prompts: token id lists
     or [1, L] / [L] tensors. dtype: None compares the target as it is; a dtype compares a converted copy (a
     draft spec is then built from that copy). Extra keyword arguments go to both (e.g. min_new_tokens)."""
-    import hfspec
-
     if dtype is not None and dtype_of(dtype) != dtype_of(target):
         target = copy.deepcopy(target).to(dtype_of(dtype))
     if isinstance(draft, str):
-        draft = hfspec.make_draft(target, draft)
+        draft = make_draft(target, draft)
     rows = []
     for index, prompt in enumerate(prompts):
         ids = torch.as_tensor(prompt, dtype=torch.long).reshape(1, -1)
@@ -155,7 +154,7 @@ def check_greedy(target, draft, prompts, max_new_tokens: int = 64, gamma: int = 
             plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
                                     output_scores=True, output_logits=True, return_dict_in_generate=True,
                                     temperature=None, top_k=None, top_p=None, **generate_kwargs)
-        spec = hfspec.generate(target, ids, attention_mask=mask, draft=draft, gamma=gamma, temperature=0,
+        spec = generate(target, ids, attention_mask=mask, draft=draft, gamma=gamma, temperature=0,
                                max_new_tokens=max_new_tokens, **generate_kwargs)
         rows.append(explain(target, ids, plain, spec.sequences, index, gamma, safety))
     return GreedyReport(DTYPE_NAMES.get(dtype_of(target), str(dtype_of(target))), gamma, max_new_tokens, safety, rows)
@@ -268,8 +267,6 @@ def use_bitwise_verify(model, on: bool = True) -> None:
     no cache yet) runs as the prompt's own forward followed by a cached forward of the draft tokens, as
     `generate` prefills the prompt alone. Needs "sdpa" attention; batch 1 without padding."""
     from transformers import AttentionInterface
-
-    from hfspec.errors import HfspecError
 
     current = getattr(model.config, "_attn_implementation", None)
     if current not in ("sdpa", ROWWISE_ATTENTION) or not hasattr(model, "set_attn_implementation"):

@@ -35,6 +35,8 @@ import torch
 
 from hfspec.decoding.costmodel import Acceptance, CostModel, CostRecord
 from hfspec.decoding.gamma import DEFAULT_C
+from hfspec.drafts.base import ModelDraft
+from hfspec.errors import bad_value
 
 BINS = 10
 PRIOR = 2.0  # pseudo-counts of a confidence bin at the pooled α
@@ -159,9 +161,6 @@ def _bin(m: float) -> int:
 
 def check_early_exit(early_exit, draft) -> None:
     """A clear error for an `early_exit` that is not a bool, or a draft that cannot stop early."""
-    from hfspec.drafts.base import ModelDraft
-    from hfspec.errors import bad_value
-
     if not isinstance(early_exit, bool):
         raise bad_value("early_exit", early_exit, "True or False")
     if early_exit and not isinstance(draft, ModelDraft):

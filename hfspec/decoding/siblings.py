@@ -19,8 +19,11 @@ import time
 
 import torch
 
+from hfspec.decoding.round import Verdict
 from hfspec.decoding.sampling import draw_siblings, sample, verify_tree, verify_tree_greedy
 from hfspec.kernels import cache as kv
+from hfspec.kernels.kv_model import CachedModel
+from hfspec.validate import bad_value
 
 DEFAULT_BELOW = 0.8  # siblings where the draft's top probability is under this: confident positions rarely reject
 
@@ -132,8 +135,6 @@ def tree_round(run, proposal, tree: Tree):
 
     When a sibling is kept, `proposal.x` at that position becomes the sibling and the verdict counts it as
     accepted, so commit and settle need nothing else; the caches are already set to the accepted path."""
-    from hfspec.decoding.round import Verdict
-
     scorer, gamma, generator = run.job.scorer, proposal.gamma, run.job.generator
     greedy = not scorer.do_sample
     if not gamma or (proposal.q is None and not greedy):
@@ -221,9 +222,6 @@ def _dtype(model) -> torch.dtype:
 def check_tree_target(target, runner) -> None:
     """Raise a clear error when the target cannot score a tree: no position ids, a sliding-window cache, or a
     runner that is not the HF forward with a KV cache."""
-    from hfspec.kernels.kv_model import CachedModel
-    from hfspec.validate import bad_value
-
     if not isinstance(runner, CachedModel) or not runner._has_positions:
         raise bad_value("tree", "on", "off for this target (tree speculation needs the HF forward with position_ids)")
     if kv.has_sliding_layers(target):

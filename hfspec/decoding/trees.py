@@ -36,8 +36,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from hfspec.decoding.round import Proposal, Verdict, history_groups
 from hfspec.decoding.sampling import draw_without_replacement, sample, verify_children
+from hfspec.decoding.siblings import check_tree_target
+from hfspec.drafts.base import ModelDraft
 from hfspec.kernels import cache as kv
+from hfspec.kernels.kv_model import CachedModel
+from hfspec.kernels.lean import LeanRunner
+from hfspec.kernels.lean_cache import LeanCache
+from hfspec.validate import bad_value
 
 NODES_MAX, DEPTH_MAX, BRANCH_MAX, WIDTH_MAX = 64, 12, 8, 16
 VERIFY_SLOPE_PRIOR = {"cpu": 0.05, "other": 0.005}  # seeded runs: a verify position's cost, in one-token passes
@@ -55,8 +62,6 @@ class TreeShape:
     width: int = 4
 
     def __post_init__(self):
-        from hfspec.validate import bad_value
-
         for name, top in (("nodes", NODES_MAX), ("depth", DEPTH_MAX), ("branch", BRANCH_MAX), ("width", WIDTH_MAX)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
@@ -177,12 +182,6 @@ class DynamicTree:
 
 def check_dynamic_tree(target, runner, draft) -> None:
     """Refuse, naming `tree`, what cannot grow or score a token tree (before any model runs)."""
-    from hfspec.decoding.siblings import check_tree_target
-    from hfspec.drafts.base import ModelDraft
-    from hfspec.kernels.kv_model import CachedModel
-    from hfspec.kernels.lean import LeanRunner
-    from hfspec.validate import bad_value
-
     check_tree_target(target, runner)
     inner = getattr(draft, "runner", None)
     if not isinstance(draft, ModelDraft) or not isinstance(inner, CachedModel):
@@ -242,8 +241,6 @@ def feed_token_tree(runner, tokens: torch.Tensor, positions: torch.Tensor, start
 
 def _forward(runner, ids: torch.Tensor, pos: torch.Tensor, allowed: torch.Tensor, keep: int) -> torch.Tensor:
     """Logits [1, keep, V] of the last `keep` rows; the lean step or the HF forward with a 4-D mask."""
-    from hfspec.kernels.lean import LeanRunner
-
     if isinstance(runner, LeanRunner):
         return _lean_forward(runner.model, runner.cache, ids[None], pos[None], allowed)[:, -keep:]
     return runner.masked_forward(ids[None], pos[None], _additive(allowed, runner.model), keep)
@@ -273,8 +270,6 @@ def _lean_forward(decoder, cache, ids: torch.Tensor, positions: torch.Tensor, al
 
 def keep_cached(runner, positions: list[int]) -> None:
     """Keep only the cached slots `positions` (increasing) of a runner, moved to the front; `cached` follows."""
-    from hfspec.kernels.lean_cache import LeanCache
-
     cache = runner.cache
     if isinstance(cache, LeanCache):
         same = 0
@@ -444,8 +439,6 @@ def dynamic_round(run, tree: DynamicTree):
     """One round with a token tree: grow, score in one target pass, walk; returns (Proposal, Verdict) shaped
     like a chain's whose x is the accepted path (padded to the tree's depth), so commit and settle are the
     chain's. Both caches are left holding the accepted path."""
-    from hfspec.decoding.round import Proposal, Verdict, history_groups
-
     job, slots, scorer = run.job, run.slots, run.job.scorer
     greedy, generator, start = not scorer.do_sample, job.generator, slots.size
     device = run.input_ids.device

@@ -16,6 +16,7 @@ from hfspec.drafts.registry import DraftSpec
 from hfspec.drafts.registry import parse as parse_draft_spec
 from hfspec.drafts.sibling import check_same_tokenizer, check_sibling, load_sibling
 from hfspec.errors import HfspecError
+from hfspec.quant.swap import summary
 
 registry.load_builtin()
 
@@ -72,8 +73,6 @@ def make_draft(target: nn.Module, spec, **options) -> nn.Module:
 
 def describe(draft) -> dict:
     """How a draft runs: its kind, label, the path of its decode step and, for quantised layers, each layer's."""
-    from hfspec.quant.swap import summary
-
     label = getattr(draft, "hfspec_draft_spec", None) or type(draft).__name__
     step = getattr(draft, "hfspec_step_path", None) or "Hugging Face forward"
     return {"label": label, "step": step, "layers": summary(draft) if isinstance(draft, nn.Module) else {}}

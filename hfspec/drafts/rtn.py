@@ -11,8 +11,12 @@ import re
 
 from torch import nn
 
+from hfspec.drafts.fidelity import warn_if_unfaithful
 from hfspec.drafts.registry import DraftKind, DraftSpec, Field, fail
 from hfspec.errors import HfspecError
+from hfspec.io import memory
+from hfspec.kernels.lean import HEAD_TOP_MAX, LeanDecoder, lean_reason
+from hfspec.quant.swap import quantize_model
 
 DEFAULT_GROUP_SIZE = 32
 RTN_BITS = (2, 8)
@@ -35,10 +39,6 @@ def make_rtn_draft(target: nn.Module, bits: int, group_size: int, fused: bool | 
     codes: id(float weight) -> `hfspec.quant.calibrate.Coded`, codes at `bits` / `group_size` used instead of
     RTN's for those weights (a calibrated draft, `hfspec.drafts.calibrated`).
     """
-    from hfspec.io import memory
-    from hfspec.kernels.lean import HEAD_TOP_MAX, LeanDecoder, lean_reason
-    from hfspec.quant.swap import quantize_model
-
     if head_top is not None and (isinstance(head_top, bool) or not isinstance(head_top, int)
                                  or not 0 <= head_top <= HEAD_TOP_MAX):
         raise HfspecError(f"draft option head_top: got {head_top!r}; allowed: an integer 0..{HEAD_TOP_MAX} "
@@ -98,8 +98,6 @@ class GroupSpecs:
             raise fail(f"group size must be {GROUP_SIZES[0]}..{GROUP_SIZES[1]}, got {group}")
         params = ()
         if match.group(3) is not None:
-            from hfspec.kernels.lean import HEAD_TOP_MAX
-
             top = int(match.group(3))
             if top > HEAD_TOP_MAX:
                 raise fail(f"-topK (head logits re-scored) must be 0..{HEAD_TOP_MAX}, got {top}")
@@ -137,10 +135,11 @@ class GroupSpecs:
         """A lean draft has no `generate`: HF assisted generation runs its HF-forward copy (no compiled step)."""
         if callable(getattr(draft, "generate", None)):
             return None
-        from hfspec.drafts import make_draft
-
         eager = DraftSpec(spec.kind, bits=spec.bits, group_size=spec.group_size)
-        return {"assistant_model": make_draft(target, eager, lean=False)}, f"{eager.label} through the HF forward"
+        assistant = _build(target, eager, {"lean": False})  # what make_draft(target, eager, lean=False) builds
+        assistant.hfspec_draft_spec = eager.label
+        warn_if_unfaithful(target, assistant)
+        return {"assistant_model": assistant}, f"{eager.label} through the HF forward"
 
     def fields(self) -> tuple[Field, ...]:
         return (Field("bits", "bits", 4, low=self.bits[0], high=self.bits[1]),

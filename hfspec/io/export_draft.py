@@ -29,7 +29,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from hfspec import validate
+from hfspec.drafts import make_draft
+from hfspec.drafts.registry import parse
 from hfspec.errors import HfspecError
+from hfspec.extras import extra_version
+from hfspec.io.loading import load_model, load_tokenizer
 from hfspec.io.pack_quantized import (
     EXPORT_BITS,
     EXPORT_GROUP_SIZES,
@@ -42,6 +47,8 @@ from hfspec.io.pack_quantized import (
     rtn_dense,
     symmetric_for,
 )
+from hfspec.quant.known_layers import Conv1D
+from hfspec.validate import vocab_size
 
 __all__ = [  # the packing names (`hfspec.io.pack_quantized`) stay importable from here
     "DEFAULT_GAMMA", "EXPORT_BITS", "EXPORT_GROUP_SIZES", "FORMAT", "DraftExport", "PackedLinear", "check_export",
@@ -100,8 +107,6 @@ class DraftExport:
 
 def check_exportable(spec):
     """The parsed RTN spec, or HfspecError naming the draft field and what can be exported."""
-    from hfspec.drafts.registry import parse
-
     allowed = (f"rtn{'/rtn'.join(map(str, EXPORT_BITS))} with -g{'/-g'.join(map(str, EXPORT_GROUP_SIZES))} "
                "(e.g. rtn4, rtn4-g64, rtn8)")
     parsed = parse(spec)
@@ -134,8 +139,6 @@ def check_exportable(spec):
 def need_export_extra() -> None:
     """The `export` extra (compressed-tensors: the checkpoint's version and the check that loads it back), or
     HfspecError naming it, before anything loads or is written."""
-    from hfspec.extras import extra_version
-
     extra_version("export", "export", "writing a compressed-tensors checkpoint")
 
 
@@ -162,8 +165,6 @@ def export_draft(target: nn.Module, spec, out, *, tokenizer=None, gamma: int | N
     check: load the folder back with transformers and compare its logits with hfspec's RTN draft (`check_export`).
     """
     from safetensors.torch import save_file
-
-    from hfspec import validate
 
     parsed = check_exportable(spec)
     need_export_extra()
@@ -238,8 +239,6 @@ def check_export(target: nn.Module, folder, spec: str, tokens: int = 24, seed: i
     """Load `folder` with transformers (CPU) and compare its logits with what it should hold: hfspec's RTN draft
     `spec` of `target` (the Hugging Face forward over dequantised weights) with the target's own embedding and LM
     head, as exported, on random token ids."""
-    from hfspec.validate import vocab_size
-
     loaded = load_export(folder)
     draft = reference_draft(target, spec)
     generator = torch.Generator().manual_seed(seed)
@@ -261,8 +260,6 @@ def check_export(target: nn.Module, folder, spec: str, tokens: int = 24, seed: i
 def reference_draft(target: nn.Module, spec: str) -> nn.Module:
     """hfspec's RTN draft `spec` of `target` on the Hugging Face forward, its embedding and LM head the target's
     own modules (shared, not copied): the model an export of `spec` holds, up to the packing's rounding."""
-    from hfspec.drafts import make_draft
-
     draft = make_draft(target, spec, lean=False, fused=False)
     for name, module in _layers(target, check_exportable(spec).group_size)[1]:  # the layers an export writes dense
         draft.set_submodule(name, module)
@@ -272,8 +269,6 @@ def reference_draft(target: nn.Module, spec: str) -> nn.Module:
 def _layers(target: nn.Module, group_size: int) -> tuple[list, list]:
     """(name, module) of the Linear layers to pack and of the layers written dense (embeddings, LM head);
     HfspecError for a weight layer the format cannot hold."""
-    from hfspec.quant.known_layers import Conv1D
-
     head = target.get_output_embeddings()
     linears, dense = [], []
     for name, module in target.named_modules():
@@ -342,9 +337,6 @@ draft = AutoModelForCausalLM.from_pretrained("{result.folder}")  # needs: pip in
 def export_draft_cli(target: str, spec: str, out, *, gamma: int | None = None, dtype=None, overwrite: bool = False,
                      check: bool = True, say=print) -> int:
     """`hfspec export-draft`: checks the spec, γ and OUT before loading, exports, prints the serving command."""
-    from hfspec import validate
-    from hfspec.io.loading import load_model, load_tokenizer
-
     check_exportable(spec)
     need_export_extra()
     if gamma is not None:

@@ -24,6 +24,8 @@ import torch
 from torch import nn
 
 from hfspec.errors import HfspecError
+from hfspec.extras import extra_version, require_extra
+from hfspec.quant import groupwise
 
 EXPORT_BITS = (4, 8)  # the weight widths of compressed-tensors' W4A16 / W8A16 schemes that vLLM serves
 EXPORT_GROUP_SIZES = (32, 64, 128)  # group sizes vLLM's grouped int4 / int8 kernels take
@@ -53,8 +55,6 @@ def pack_linear(weight: torch.Tensor, bits: int, group_size: int, dtype: torch.d
     when asymmetric) and weight_shape, such that compressed-tensors' dequantisation (c − zp)·scale gives weights
     within half a step of `weight`. Asymmetric: the step is hfspec's scale (rounded up to `dtype`), the zero
     point hfspec's zero rounded to a code. Symmetric: step max|w| / (2^(bits−1) − 1), rounded up."""
-    from hfspec.quant import groupwise
-
     rows, cols = weight.shape
     if cols % group_size:
         raise HfspecError(f"draft: in_features {cols} is not a multiple of group size {group_size}; allowed: a "
@@ -111,16 +111,12 @@ def pack_to_int32(values: torch.Tensor, bits: int, packed_dim: int = 1) -> torch
 
 def rtn_dense(weight: torch.Tensor, bits: int, group_size: int) -> torch.Tensor:
     """hfspec's RTN values of a weight (codes, fp16 scale and zero), dequantised: what its draft computes with."""
-    from hfspec.quant import groupwise
-
     q, scale, zero = groupwise.group_quantize(weight.float(), bits, group_size)
     return groupwise.group_dequantize(q, scale, zero, group_size, torch.float32)
 
 
 def quantization_config(bits: int, group_size: int, ignore: list[str]) -> dict:
     """The `quantization_config` of config.json for W{bits}A16 group-wise int weights."""
-    from hfspec.extras import extra_version
-
     weights = {"num_bits": bits, "type": "int", "symmetric": symmetric_for(bits), "strategy": "group", "group_size": group_size,
                "dynamic": False, "actorder": None, "block_structure": None, "observer": "minmax",
                "observer_kwargs": {}}
@@ -145,8 +141,6 @@ def quantization_config(bits: int, group_size: int, ignore: list[str]) -> dict:
 
 def load_export(folder, dtype=None) -> nn.Module:
     """Load an exported draft with transformers (needs compressed-tensors); HfspecError naming the extra."""
-    from hfspec.extras import require_extra
-
     require_extra("export", "export", "reading a compressed-tensors checkpoint")
     from transformers import AutoModelForCausalLM
 

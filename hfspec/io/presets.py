@@ -40,6 +40,7 @@ from typing import Any
 
 from hfspec.drafts import registry
 from hfspec.errors import HfspecError
+from hfspec.io.loading.sources import check_name_lengths
 from hfspec.validate import GAMMA_MAX
 
 try:  # Python >= 3.11
@@ -131,8 +132,6 @@ def preset_path(name_or_path) -> Path:
     text = name_or_path.strip()
     looks_like_path = text.endswith(".toml") or os.sep in text or "/" in text
     if looks_like_path:
-        from hfspec.io.loading.sources import check_name_lengths
-
         check_name_lengths(text, "preset", "a preset name or a .toml file path")
         path = Path(text).expanduser()
         if not path.is_file():
@@ -226,8 +225,6 @@ def _is_pathish(text: str) -> bool:
 
 def _resolve_model(where: str, key: str, value: str, base: Path, needs_download: bool) -> str:
     """Local folder (relative to the preset's folder) -> absolute path; else a hub id."""
-    from hfspec.io.loading.sources import check_name_lengths
-
     text = value.strip()
     check_name_lengths(text, f"{where}: {key}")  # else the OS's "File name too long" from is_dir()
     local = (base / Path(text).expanduser()).resolve()

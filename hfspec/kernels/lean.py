@@ -39,6 +39,7 @@ from hfspec.kernels.lean_layers import (
     _norm_weight,
     _Unsupported,
 )
+from hfspec.quant.swap import replaceable_layers
 
 BUILD_PROGRESS_EVERY = 2.0  # seconds between "building the draft: layer i/N" messages
 HEAD_TOP = 32  # a quantised head's top logits re-scored with the target's own head rows (`LeanDecoder.head_top`)
@@ -93,8 +94,6 @@ def lean_reason(model: nn.Module) -> str | None:
         if any(p.device.type not in ("cpu",) for p in model.parameters()):
             raise _Unsupported("weights not all on the CPU")
         if type(inner.embed_tokens).forward is not nn.Embedding.forward:
-            from hfspec.quant.swap import replaceable_layers
-
             replaceable_layers(model)  # a known subclass (Gemma's scaled embedding) passes, others are refused
         if getattr(inner.embed_tokens, "max_norm", None) is not None:
             raise _Unsupported("embedding with max_norm")

@@ -14,8 +14,9 @@ from contextlib import contextmanager
 
 import torch
 
-import hfspec
+from hfspec.api import generate
 from hfspec.decoding.stats import SpecStats
+from hfspec.drafts import registry
 from hfspec.errors import HfspecError
 from hfspec.measure.plausible import implausible
 from hfspec.measure.ruler import Sample, interleaved
@@ -28,8 +29,6 @@ def hf_assisted(target, draft, gamma: int, assistant=None) -> tuple[dict, str]:
     (`DraftKind.assisted`: prompt lookup as `prompt_lookup_num_tokens=γ`, a lean draft as its HF-forward copy),
     or a draft that is an HF model with `generate` is the assistant itself.
     """
-    from hfspec.drafts import registry
-
     if assistant is not None:
         if not callable(getattr(assistant, "generate", None)):
             raise HfspecError(f"assistant: got {type(assistant).__name__}; allowed: a model with transformers' "
@@ -87,7 +86,7 @@ def compare_methods(target, draft, input_ids, gamma: int = 4, temperature: float
             return target.generate(input_ids, **assisted_kwargs, **hf_kwargs)
 
     def ours():
-        return hfspec.generate(target, input_ids, draft=draft, gamma=gamma, temperature=temperature,
+        return generate(target, input_ids, draft=draft, gamma=gamma, temperature=temperature,
                                max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, seed=seed)
 
     methods = {"plain generate": plain, "HF assisted": assisted, "hfspec": ours}

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from hfspec.compat import RenamedKeys, old_names, renamed_keys
+from hfspec.decoding.costmodel import CostModel, speedup_at
 from hfspec.decoding.stats import SpecStats, expected_tokens_per_pass, paper_speedup
 from hfspec.measure import verify_cost
 from hfspec.measure.plausible import ideal_note
@@ -176,8 +177,6 @@ class SweepResult:
     def curve(self, draft: str, gammas: Iterable[float] | None = None) -> dict[str, list[float]]:
         """Over γ from the pooled α: tokens per pass (the paper's formula), `predicted_speedup` (the cost models
         fitted at the draft's points, averaged), `paper_speedup` (c_time) and `ideal_speedup` (c_bytes)."""
-        from hfspec.decoding.costmodel import CostModel, speedup_at
-
         pooled = self.pooled(draft)
         alpha = pooled["alpha"]
         gs = list(gammas) if gammas is not None else list(range(1, max(self.gammas) + 1))

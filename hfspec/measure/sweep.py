@@ -23,12 +23,14 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-import hfspec
+from hfspec.api import generate, plain_generate
 from hfspec.compat import old_names, renamed_keys
 from hfspec.decoding.costmodel import predict
 from hfspec.decoding.stats import SpecStats
+from hfspec.drafts.fidelity import fidelity
+from hfspec.errors import HfspecError
 from hfspec.measure.plausible import has_prediction, speedup_bound
-from hfspec.measure.ruler import Measurement, measure_speedup
+from hfspec.measure.ruler import ROUGH_BELOW, Measurement, measure_speedup
 from hfspec.validate import GAMMA_MAX
 
 FIELDS = [
@@ -95,8 +97,6 @@ class SweepRow:
 
     @property
     def rough(self) -> bool:
-        from hfspec.measure.ruler import ROUGH_BELOW
-
         return (self.pairs if self.pairs is not None else self.repeats) < ROUGH_BELOW
 
     @property
@@ -125,10 +125,10 @@ def parse_gammas(text: str) -> list[int | str]:
             else:
                 values.append(int(part))
         except ValueError:
-            raise hfspec.HfspecError(f"gammas: got {text!r}; allowed: ranges and lists like 1-8 or 1,2,4,auto") from None
+            raise HfspecError(f"gammas: got {text!r}; allowed: ranges and lists like 1-8 or 1,2,4,auto") from None
     for g in values:
         if g != "auto" and not 1 <= g <= GAMMA_MAX:
-            raise hfspec.HfspecError(f"gammas: {g} is out of range; allowed: 1..{GAMMA_MAX} or auto")
+            raise HfspecError(f"gammas: {g} is out of range; allowed: 1..{GAMMA_MAX} or auto")
     return values
 
 
@@ -136,20 +136,16 @@ def plain_run(target, input_ids, n_tokens: int, sampling: dict, seed: int | None
               should_stop: Stop = None) -> SpecStats:
     """Plain decoding of exactly `n_tokens` tokens (EOS suppressed until then): a speed-up's denominator."""
     kwargs = dict(sampling, max_new_tokens=int(n_tokens), min_new_tokens=int(n_tokens))
-    return hfspec.plain_generate(target, input_ids, seed=seed, should_stop=should_stop, **kwargs).stats
+    return plain_generate(target, input_ids, seed=seed, should_stop=should_stop, **kwargs).stats
 
 
 def draft_fidelity(target, draft, input_ids) -> float | None:
     """`hfspec.drafts.fidelity` (mean Σ min(p, q)) where it exists and applies to this draft, else None."""
-    try:
-        from hfspec.drafts import fidelity
-    except ImportError:
-        return None
     if not isinstance(draft, torch.nn.Module):
         return None
     try:
         return float(fidelity(target, draft, input_ids))
-    except hfspec.HfspecError:
+    except HfspecError:
         return None
 
 
@@ -163,7 +159,7 @@ def measure_point(target, draft, label: str, gamma, input_ids, sampling: dict, s
     fixed = dict(sampling, min_new_tokens=n)
 
     def speculative(r: int) -> SpecStats:
-        return hfspec.generate(target, input_ids, draft=draft, gamma=gamma, seed=seed + r, should_stop=should_stop,
+        return generate(target, input_ids, draft=draft, gamma=gamma, seed=seed + r, should_stop=should_stop,
                                **fixed).stats
 
     measured = measure_speedup(speculative, lambda r: plain_run(target, input_ids, n, sampling, seed + r, should_stop),
@@ -173,7 +169,7 @@ def measure_point(target, draft, label: str, gamma, input_ids, sampling: dict, s
     identical = None
     if greedy_reference is not None:
         greedy = dict(fixed, temperature=0, top_k=None, top_p=None)
-        out = hfspec.generate(target, input_ids, draft=draft, gamma=gamma, should_stop=should_stop, **greedy)
+        out = generate(target, input_ids, draft=draft, gamma=gamma, should_stop=should_stop, **greedy)
         identical = int(torch.equal(out.sequences, greedy_reference))
     return _row(label, gamma, measured, identical)
 
@@ -226,7 +222,7 @@ def sweep(target, drafts: dict, gammas: list, input_ids, sampling: dict, seed: i
     When `should_stop()` turns true the points finished so far are returned.
     """
     if repeats < 1:
-        raise hfspec.HfspecError(f"repeats: got {repeats!r}; allowed: an integer >= 1")
+        raise HfspecError(f"repeats: got {repeats!r}; allowed: an integer >= 1")
     sampling = {k: v for k, v in sampling.items() if k not in ("seed", "min_new_tokens")}
     reference = None
     if check_greedy:

@@ -15,6 +15,8 @@ a ratio above VERIFY_BOTTLENECK into one line for the CLI and the dashboard.
 
 from __future__ import annotations
 
+from hfspec.decoding.costmodel import CostModel
+
 VERIFY_BOTTLENECK = 1.5  # verify pass / one-token step above which the verify pass is called the bottleneck
 
 
@@ -32,8 +34,6 @@ def verify_ratio(stats, baseline) -> float | None:
 def _recorded_ratio(stats) -> float | None:
     """t(w) / t(1) from the cost model fitted to the run, w its most common verify width; None when the record
     holds no multi-position pass or no one-token timing."""
-    from hfspec.decoding.costmodel import CostModel
-
     record = getattr(stats, "costs", None)
     if record is None:
         return None

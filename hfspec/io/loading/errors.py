@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from hfspec.errors import HfspecError
+from hfspec.extras import missing_extra
 from hfspec.io.loading.sources import ResolvedSource, hub_offline
 
 
@@ -44,8 +45,6 @@ def translate(exc: Exception, src: ResolvedSource, role: str, what: str) -> Hfsp
                 "and needs `hf auth login`); allowed: a local folder, a .gguf file, or a hub id"
             )
     if "gguf" in low and isinstance(exc, (ImportError, ModuleNotFoundError)):
-        from hfspec.extras import missing_extra
-
         return missing_extra("gguf", role, "reading GGUF")
     return HfspecError(f"{role}: could not load the {what} from {src.describe()!r}: {text.strip()}")
 

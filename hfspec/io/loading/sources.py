@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hfspec.errors import HfspecError
+from hfspec.extras import require_extra
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -191,8 +192,6 @@ def hub_offline() -> bool:
 
 
 def need_gguf(role: str, src: ResolvedSource):
-    from hfspec.extras import require_extra
-
     require_extra("gguf", role, f"loading the GGUF file {src.describe()!r}")
 
 
