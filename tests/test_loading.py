@@ -475,7 +475,7 @@ def test_max_memory_implies_auto_map_with_disk_offload(tiny_folder, tmp_path):
     assert torch.equal(model.generate(ids, do_sample=False, max_new_tokens=20), expected)
 
 
-@pytest.mark.skipif(not (REPO / "hfspec" / "hf.py").exists(), reason="engine (hfspec/api.py) not written yet")
+@pytest.mark.skipif(not (REPO / "hfspec" / "api.py").exists(), reason="engine (hfspec/api.py) not written yet")
 def test_disk_offloaded_target_speculative_greedy_identity(tiny_folder, tmp_path):
     import hfspec
 

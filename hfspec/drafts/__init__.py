@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from hfspec.drafts import registry
+from hfspec.drafts import bnb, calibrated, lookup, registry, rtn, sibling
 from hfspec.drafts.base import Draft, ModelDraft, NoDraft, as_draft
 from hfspec.drafts.cost import CostReport, measure_cost, weight_bytes
 from hfspec.drafts.fidelity import fidelity, warn_if_unfaithful
@@ -18,7 +18,9 @@ from hfspec.drafts.sibling import check_same_tokenizer, check_sibling, load_sibl
 from hfspec.errors import HfspecError
 from hfspec.quant.swap import summary
 
-registry.load_builtin()
+# The modules of the built-in kinds, each defining `KIND`, in display order (a kind naming a model goes last).
+BUILTIN = (rtn, calibrated, bnb, lookup, sibling)
+registry.load_builtin(module.KIND for module in BUILTIN)
 
 __all__ = [
     "ALLOWED",
