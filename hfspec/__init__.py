@@ -3,7 +3,7 @@
 from hfspec.api import SpeculativeOutput, generate, make_draft, plain_generate, speculative_generate
 from hfspec.compat import estimated_speedup  # deprecated: paper_speedup (hfspec.compat)
 from hfspec.decoding.stats import SpecStats, expected_tokens_per_pass, optimal_gamma, paper_speedup
-from hfspec.decoding.trees import TreeShape
+from hfspec.decoding.tree_shape import TreeShape
 from hfspec.errors import HfspecError
 
 __all__ = [

@@ -1,4 +1,8 @@
-"""`hfspec` command line: run, sweep, compare, bench, audit, sensitivity, presets, gui, export-hub, export-draft."""
+"""`hfspec` command line: run, sweep, compare, bench, audit, sensitivity, presets, gui, export-hub, export-draft.
+
+Verbs only: parse, call the API, print. Each verb imports its engine inside its function (the one place in
+hfspec that imports its own modules lazily): `hfspec --help`, a bad argument and `hfspec presets` answer
+without importing torch and transformers, and `hfspec gui` imports Qt only when asked."""
 
 from __future__ import annotations
 

@@ -32,7 +32,11 @@ def _no_model_loads(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the error")
 
+    real = hfspec.io.loading.load_model
     monkeypatch.setattr(hfspec.io.loading, "load_model", refuse)
+    for module in [m for name, m in sys.modules.items() if name.startswith("hfspec.")]:  # imported by name too
+        if getattr(module, "load_model", None) is real:
+            monkeypatch.setattr(module, "load_model", refuse)
 
 
 # ------------------------------------------------------------------------------------- optional extras

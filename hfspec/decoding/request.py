@@ -15,7 +15,7 @@ import torch
 from hfspec import validate
 from hfspec.decoding.coupling import check_coupling
 from hfspec.decoding.options import check_generate_kwargs
-from hfspec.decoding.trees import TreeShape
+from hfspec.decoding.tree_shape import TreeShape
 from hfspec.kernels.cache import has_sliding_layers
 
 _DRAFT_ALLOWED = "a draft model (hfspec.make_draft(target, 'rtn4'), or a sibling)"
@@ -119,7 +119,7 @@ TREE_ALLOWED = f"an integer from 0 to {TREE_MAX} (0 or 1: no tree), \"auto\" or 
 
 def check_tree(tree, plain: bool, input_ids: torch.Tensor, target=None) -> None:
     """`tree`: 0 or 1 (the plain chain), 2..TREE_MAX candidates per unsure position, "auto" or a
-    `hfspec.decoding.trees.TreeShape` (a token tree); any tree runs batch size 1 on a full-attention target."""
+    `hfspec.decoding.tree_shape.TreeShape` (a token tree); any tree runs batch size 1 on a full-attention target."""
     dynamic = tree == "auto" if isinstance(tree, str) else isinstance(tree, TreeShape)
     if not dynamic and (isinstance(tree, bool) or not isinstance(tree, int) or not 0 <= tree <= TREE_MAX):
         raise validate.bad_value("tree", tree, TREE_ALLOWED)
