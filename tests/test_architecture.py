@@ -184,3 +184,11 @@ def test_old_import_paths_are_for_users_only():
     """The old paths that the 0.1 docs showed stay importable, but nothing inside hfspec goes through them."""
     users = [f"{name}:{line}" for name, edges in GRAPH.items() for target, line in edges if target in OLD_PATHS]
     assert not users, users
+
+
+def test_hfspec_modules_are_imported_at_module_level():
+    """An import of hfspec's own modules inside a function hides a dependency (and, often, a cycle); only optional
+    dependencies (bitsandbytes, gguf, compressed-tensors, matplotlib, Qt) are imported inside functions."""
+    hidden = [f"{name}:{line} imports {target}" for name, path in MODULES.items()
+              for target, line, at_top in _imports(name, path) if target.split(".")[0] == "hfspec" and not at_top]
+    assert not hidden, "\n".join(hidden)
