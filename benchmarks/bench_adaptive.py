@@ -26,7 +26,7 @@ from common import (
 )
 
 import hfspec
-from hfspec.sweep import parse_gammas
+from hfspec.measure.sweep import parse_gammas
 
 
 def measure(target, ids, draft, assistant, gammas: list[int], args):

@@ -26,7 +26,7 @@ from hfspec.quant import summary  # noqa: E402
 
 
 def load(path: str):
-    from hfspec.loading import load_model, load_tokenizer
+    from hfspec.io.loading import load_model, load_tokenizer
 
     return load_model(path, dtype="float32", device="cpu", progress=False), load_tokenizer(path)
 

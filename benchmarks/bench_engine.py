@@ -3,7 +3,7 @@
     python benchmarks/bench_engine.py --models stories260K,smollm2 --draft rtn4 --gamma 4
     python benchmarks/bench_engine.py --models micro,smollm2 --draft rtn4,rtn4-compiled --dtypes float32,bfloat16
 
-Reports tokens/s and ratios measured side by side in one process by the ruler (`hfspec.benchmark.compare_methods`:
+Reports tokens/s and ratios measured side by side in one process by the ruler (`hfspec.measure.benchmark.compare_methods`:
 interleaved rounds, a warm-up round not counted, medians of per-round ratios with their interval, outliers
 re-measured), the pairs kept and the stability verdict, and the share of hfspec's time spent outside model
 forwards.
@@ -17,7 +17,7 @@ import torch
 from common import load, model_folders, parser, prompt_ids, verdict_cell
 
 import hfspec
-from hfspec.benchmark import compare_methods
+from hfspec.measure.benchmark import compare_methods
 
 
 def main() -> None:

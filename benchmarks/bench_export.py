@@ -24,7 +24,7 @@ from common import load, model_folders, parser, prompt_ids, write_results  # noq
 
 import hfspec  # noqa: E402
 from hfspec.drafts.fidelity import fidelity, probe_ids  # noqa: E402
-from hfspec.export_draft import export_draft, load_export  # noqa: E402
+from hfspec.io.export_draft import export_draft, load_export  # noqa: E402
 
 
 def _gemma3_tiny():

@@ -81,7 +81,7 @@ def bench_model(name: str, path: Path, args, folder: Path) -> dict:
 
 
 def _export_alpha(target, tok, draft, ids, args) -> dict:
-    from hfspec.export_draft import export_draft, load_export
+    from hfspec.io.export_draft import export_draft, load_export
 
     with tempfile.TemporaryDirectory() as tmp:
         result = export_draft(target, args.draft, Path(tmp) / "draft", tokenizer=tok, check=False)

@@ -134,7 +134,7 @@ def _shape(t) -> str:
 
 
 def _install_trace(meter: PeakMeter) -> CallTracer:
-    from hfspec.drafts import lean_layers
+    from hfspec.kernels import lean_layers
     from hfspec.quant import groupwise, packing
 
     tracer = CallTracer(meter)
@@ -151,7 +151,7 @@ def child(case: str, model: str, new_tokens: int, trace: bool) -> dict:
     torch.set_num_threads(1)
     import hfspec
     from hfspec.drafts import describe, weight_bytes
-    from hfspec.loading import load_model, load_tokenizer
+    from hfspec.io.loading import load_model, load_tokenizer
 
     meter = PeakMeter()
     result: dict = {"case": case, "can_reset_peak": meter.can_reset}

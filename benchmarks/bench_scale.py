@@ -17,7 +17,7 @@ Per shape and dtype, in a fresh subprocess (so peak memory and threads do not le
                     with the target alone, and the peak while building the draft beside it; their ratio
   draft bytes       `weight_bytes(draft) / weight_bytes(target)`
   predicted         E[tokens per pass] / (verify/step + γ·c) at --alpha, for the lean and compiled steps
-  prepacked (fp32)  verify / step again with oneDNN-prepacked fp32 weights (`hfspec.fast_linear`, opt-in: it
+  prepacked (fp32)  verify / step again with oneDNN-prepacked fp32 weights (`hfspec.kernels.fast_linear`, opt-in: it
                     holds a second fp32 copy of the linear weights), and the lean prediction with it
   end to end        plain `generate` vs `hfspec.generate` (rtn4, greedy) of --e2e-tokens tokens from a short
                     prompt: tokens/s and their ratio. α on random weights means nothing (their distributions are
@@ -105,7 +105,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--compile-max-params", type=float, default=2.0,
                    help="skip compiling above this many billion parameters")
     p.add_argument("--no-prepack", action="store_true",
-                   help="fp32: skip timing the verify pass with oneDNN-prepacked weights (hfspec.fast_linear; it "
+                   help="fp32: skip timing the verify pass with oneDNN-prepacked weights (hfspec.kernels.fast_linear; it "
                         "holds a second fp32 copy of the linear weights while it runs)")
     p.add_argument("--quick", action="store_true", help="3 repeats, 8 end-to-end tokens (checks the script runs)")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "scale"),
@@ -182,8 +182,8 @@ def measure(args, name: str, shape: dict, dtype_name: str) -> dict:
     import torch
 
     import hfspec
+    from hfspec.decoding.stats import expected_tokens_per_pass
     from hfspec.drafts import weight_bytes
-    from hfspec.stats import expected_tokens_per_pass
 
     torch.set_num_threads(args.threads)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
@@ -205,7 +205,7 @@ def measure(args, name: str, shape: dict, dtype_name: str) -> dict:
     compile_this = (not args.no_compile and dtype_name in args.compile_dtypes.split(",")
                     and out["params_b"] <= args.compile_max_params)
     if compile_this:
-        from hfspec.drafts import compiled as compiled_module
+        from hfspec.kernels import compiled as compiled_module
 
         with tempfile.TemporaryDirectory() as folder:
             os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
@@ -240,9 +240,9 @@ def measure(args, name: str, shape: dict, dtype_name: str) -> dict:
 
 
 def prepacked(args, target, ids, out: dict, tokens: float) -> dict:
-    """The verify pass with oneDNN-prepacked fp32 weights (`hfspec.fast_linear`), timed beside the one-token
+    """The verify pass with oneDNN-prepacked fp32 weights (`hfspec.kernels.fast_linear`), timed beside the one-token
     step (which keeps F.linear), then undone."""
-    from hfspec import fast_linear
+    from hfspec.kernels import fast_linear
 
     added = fast_linear.prepack(target)
     if not added:

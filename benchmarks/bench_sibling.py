@@ -39,8 +39,8 @@ from common import (
 )
 
 import hfspec
-from hfspec.costmodel import expected_tokens
-from hfspec.drafts.lean import lean_step_of
+from hfspec.decoding.costmodel import expected_tokens
+from hfspec.kernels.lean import lean_step_of
 
 REPO = Path(__file__).resolve().parents[1]
 PAIRS = {"micro-nano": None, "smollm2-360m/135m": ("smollm2-360m", "smollm2-135m"),

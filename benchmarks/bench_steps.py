@@ -26,7 +26,7 @@ from common import (
 )
 
 import hfspec
-from hfspec import cache as kv
+from hfspec.kernels import cache as kv
 
 
 def step_timer(model, ids: torch.Tensor, context: int, width: int) -> Operator:

@@ -47,7 +47,7 @@ from common import (
 )
 
 import hfspec
-from hfspec.costmodel import predict
+from hfspec.decoding.costmodel import predict
 
 
 def gemma3_tiny():

@@ -26,13 +26,13 @@ import torch
 from common import model_folders, parser, verdict_cell, write_results
 
 import hfspec
-import hfspec.tree
+import hfspec.decoding.siblings
 
 PROMPTS = ["Once upon a time", "The capital of France is", "def fibonacci(n):", "Here are three tips for sleeping"]
 
 
 def load(path: Path, dtype: str):
-    from hfspec.loading import load_model, load_tokenizer
+    from hfspec.io.loading import load_model, load_tokenizer
 
     torch.manual_seed(0)
     return load_model(str(path), dtype=dtype, progress=False), load_tokenizer(str(path))
@@ -60,7 +60,7 @@ def main() -> None:
     p.add_argument("--draft", default="rtn4")
     p.add_argument("--gamma", type=int, default=4, help="γ of the sibling-leaf trees")
     p.add_argument("--gammas", default="3,4,5", help="chain γs (the best one is the reference)")
-    p.add_argument("--trees", default="3", help="sibling-leaf widths (hfspec.tree); 0: none")
+    p.add_argument("--trees", default="3", help="sibling-leaf widths (hfspec.decoding.siblings); 0: none")
     p.add_argument("--shapes", default="auto,24x6x4x4", help="token trees: auto and/or NODESxDEPTHxBRANCHxWIDTH")
     p.add_argument("--temperatures", default="1.0")
     p.add_argument("--prompts", type=int, default=2, help=f"how many of {len(PROMPTS)} built-in prompts")

@@ -4,7 +4,7 @@
         --repeats 3 --out benchmarks/results/wrapper
 
 Per model and dtype: three drafts of the same target (rtn4 eager lean step, rtn4-compiled without the wrapper,
-rtn4-compiled with it; `hfspec.drafts.compiled.CPP_WRAPPER` toggled around each build), then
+rtn4-compiled with it; `hfspec.kernels.compiled.CPP_WRAPPER` toggled around each build), then
 - the draft's one-token step against the target's (c_time: the target's step and the three drafts' steps on a
   warm cache of 32 tokens timed by the benchmarks' one operator timer, `common.time_operators`, 30 interleaved
   rounds after two warm-up rounds; the median per-round ratio with its interval);
@@ -35,7 +35,7 @@ from common import (
 )
 
 import hfspec
-from hfspec.drafts import compiled
+from hfspec.kernels import compiled
 
 
 def _build(target, wrapper: bool | None):

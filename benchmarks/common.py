@@ -56,7 +56,7 @@ def model_folders(args) -> dict[str, Path]:
 def load(path: Path, dtype: str = "float32"):
     import torch
 
-    from hfspec.loading import load_model, load_tokenizer
+    from hfspec.io.loading import load_model, load_tokenizer
 
     torch.manual_seed(0)
     return load_model(str(path), dtype=dtype, progress=False), load_tokenizer(str(path))
@@ -86,8 +86,8 @@ def timed_rounds(runs: dict, repeats: int, seed: int, warmup: int = 1, baseline:
 
 def ruler_columns(timings, name: str, baseline_stats=None) -> dict:
     """A result row's measurement columns by the ruler: the median ratio, its interval, pairs, verdict, flags."""
+    from hfspec.decoding.stats import SpecStats
     from hfspec.measure import implausible
-    from hfspec.stats import SpecStats
 
     r = timings.ratio(name)
     stable, warnings = timings.verdict()

@@ -3,7 +3,7 @@
 # results file per machine: results/<machine>-<YYYY-MM-DD>.md (machine = a short CPU model string + cores, from
 # common.machine_name), each script's output under its own heading with the command that made it. Scripts that
 # time plain against speculative decoding do it through the one ruler (hfspec.measure, via common.timed_rounds /
-# against_plain / hfspec.benchmark.compare_methods): interleaved rounds, a warm-up round not counted, medians with
+# against_plain / hfspec.measure.benchmark.compare_methods): interleaved rounds, a warm-up round not counted, medians with
 # intervals, outliers re-measured, a stability verdict and "implausible" flags in their rows; single operators
 # (steps, F.linear) through common.time_operators (the same rounds, intervals and verdict).
 # tests/test_benchmarks_harness.py checks that every bench_*.py is run here with arguments its parser accepts.

@@ -1,4 +1,4 @@
-"""The Compare tab: several drafts (or 'target | draft' pairs) through `hfspec.sweep` at one γ, as a table and
+"""The Compare tab: several drafts (or 'target | draft' pairs) through `hfspec.measure.sweep` at one γ, as a table and
 bars with ± 1 s.d. over repeats."""
 
 from __future__ import annotations

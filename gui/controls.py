@@ -42,7 +42,7 @@ DTYPES = [("default", ""), ("float32", "float32"), ("bfloat16", "bfloat16"), ("f
 
 def _available_presets() -> list[str]:
     try:
-        from hfspec.presets import list_presets
+        from hfspec.io.presets import list_presets
 
         return list_presets()
     except (ImportError, HfspecError):
@@ -357,7 +357,7 @@ class ControlPanel(DecodingFields, ProgressReport, QWidget):
                 self.preset_info.setText("Custom: your own target, draft and settings.")
             return
         try:
-            from hfspec.presets import load_preset
+            from hfspec.settings import load_preset
 
             p = load_preset(name)
             note = " · downloads from the Hugging Face hub" if p.needs_download else " · runs offline"

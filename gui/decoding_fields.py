@@ -8,8 +8,8 @@ from PySide6.QtWidgets import QCheckBox, QComboBox, QFormLayout, QGroupBox, QHBo
 
 from gui import theme
 from gui.widgets import CheckedDoubleSpinBox, CheckedSpinBox
-from hfspec.coupling import COUPLINGS
-from hfspec.request import TREE_MAX
+from hfspec.decoding.coupling import COUPLINGS
+from hfspec.decoding.request import TREE_MAX
 from hfspec.session import GAMMA_MAX
 
 MAX_TOKENS_UNKNOWN = 32768  # when the target's context length cannot be read

@@ -1,6 +1,6 @@
 """What the dashboard shows, computed from results without Qt (tested directly): the measured figures with the
 conditions they were taken under, the predicted speed-up from the timed measurement only, and one-line
-descriptions of the settings that produced a result. The formulas themselves are the library's (`hfspec.stats`)."""
+descriptions of the settings that produced a result. The formulas themselves are the library's (`hfspec.decoding.stats`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import os
 from dataclasses import dataclass, fields
 
 from hfspec.compat import new_keys
+from hfspec.decoding.stats import SpecStats
 from hfspec.measure import ROUGH_BELOW, has_prediction, machine_state
-from hfspec.stats import SpecStats
 
 ROUGH_BELOW_PAIRS = ROUGH_BELOW  # the ruler's (hfspec.measure): no rule of the dashboard's own
 
@@ -164,8 +164,8 @@ def gap(value) -> float:
 
 def exactness_line(target) -> str:
     """What "exact" means for this target (a model or its dtype) when it is not float32: one line from
-    hfspec.exactness; "" for float32."""
-    from hfspec.exactness import exactness_note
+    hfspec.audit.exactness; "" for float32."""
+    from hfspec.audit.exactness import exactness_note
 
     return exactness_note(target)
 

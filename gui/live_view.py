@@ -30,8 +30,8 @@ from gui.live_text import GeneratedText
 from gui.plots import PALETTE, fmt, make_plot, retheme_plot, spaced_ticks, unit_line
 from gui.tree_view import TreeView
 from gui.widgets import FlowLayout, Metric
+from hfspec.decoding.stats import expected_tokens_per_pass
 from hfspec.session import ROLLING_WINDOW
-from hfspec.stats import expected_tokens_per_pass
 
 TEXT_SIZES, TREE_SIZES = [540, 200], [540, 360]  # proportions of plots and text (and tree): a quarter, 2 fifths
 SPEED_BARS = [("predicted", "predicted"), ("measured", "measured"), ("ideal", "ideal")]

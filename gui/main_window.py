@@ -19,9 +19,9 @@ from gui.plots import configure_pyqtgraph
 from gui.sensitivity_view import SensitivityActions, SensitivityView
 from gui.sweep_view import SweepView
 from gui.worker import Job, RunController, warm_imports
-from hfspec import verify_cost
 from hfspec.drafts import registry
 from hfspec.errors import HfspecError
+from hfspec.measure import verify_cost
 from hfspec.session import Session, SweepResult, parse_list
 
 DEFAULT_SIZE = (1400, 900)

@@ -69,7 +69,7 @@ def restore_window(window) -> None:
     if saved is not None:
         window.controls.set_settings(saved)
     else:
-        from hfspec.presets import DEFAULT_PRESET
+        from hfspec.io.presets import DEFAULT_PRESET
 
         window.controls.choose_preset(DEFAULT_PRESET)
     geometry = window.store.value("window/geometry")

@@ -1,4 +1,4 @@
-"""The Sweep tab: the plate's figure from `hfspec.sweep` (the CLI's engine): tokens per pass and speed-up
+"""The Sweep tab: the plate's figure from `hfspec.measure.sweep` (the CLI's engine): tokens per pass and speed-up
 against γ, measured points ± 1 s.d. over repeats beside the paper's formula."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The Live tab's drawing of the last token tree a run grew (tree "auto", `hfspec.dyntree`; the pass is named): the
+"""The Live tab's drawing of the last token tree a run grew (tree "auto", `hfspec.decoding.trees`; the pass is named): the
 draft's tokens as nodes, laid out by depth (x) and by rank under their parent (y), edges parent → child; the
 accepted path in the accepted colour with bold text, the target's own token after it marked as resampled or
 bonus, the other drafted tokens grey."""
@@ -45,7 +45,7 @@ def layout(parents: tuple[int, ...]) -> list[int]:
 
 
 class TreeView(QWidget):
-    """`show_tree(tree)` draws a `hfspec.dyntree.RoundTree` in `plot`; `kinds` says what each drawn node is
+    """`show_tree(tree)` draws a `hfspec.decoding.round.RoundTree` in `plot`; `kinds` says what each drawn node is
     ("root", "accepted", "drafted", then "resampled" or "bonus" for the target's token) and `labels` holds their
     texts, in the same order."""
 

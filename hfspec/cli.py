@@ -1,4 +1,6 @@
-"""`hfspec` command line: run, sweep, compare, bench, audit, sensitivity, presets, gui, export-hub, export-draft."""
+"""`hfspec` command line: run, sweep, compare, bench, audit, sensitivity, presets, gui, export-hub, export-draft.
+
+Verbs only: parse, call the API, print. `hfspec gui` imports the dashboard (Qt, an optional extra) only when run."""
 
 from __future__ import annotations
 
@@ -9,7 +11,22 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from hfspec import report
+from hfspec.audit.command import run_command
+from hfspec.audit.exactness import exactness_note
+from hfspec.drafts import parse_draft_spec
+from hfspec.drafts.registry import allowed
+from hfspec.drafts.sensitivity import check_arguments, sensitivity
 from hfspec.errors import HfspecError
+from hfspec.extras import require_extra
+from hfspec.hub_export import export_hub
+from hfspec.io.export_draft import export_draft_cli
+from hfspec.io.loading import load_model
+from hfspec.io.presets import DEFAULT_PRESET, list_presets
+from hfspec.measure.benchmark import compare_methods
+from hfspec.measure.sweep import parse_gammas, speculative_options, sweep
+from hfspec.session import RunSettings, Session
+from hfspec.settings import load_preset
 
 
 def _gamma(text: str):
@@ -37,14 +54,10 @@ def _coupling_option(p: argparse.ArgumentParser) -> None:
 
 def _draft_specs() -> str:
     """The allowed draft specs, from the registry of draft kinds (escaped for argparse's %-formatting)."""
-    from hfspec.drafts.registry import allowed
-
     return allowed().replace("%", "%%")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    from hfspec.presets import DEFAULT_PRESET
-
     p.add_argument("--preset", default=DEFAULT_PRESET, help=f"preset name or .toml path (default {DEFAULT_PRESET})")
     p.add_argument("--target", help="target: model folder, hub id or .gguf file (overrides the preset)")
     p.add_argument("--draft", help=f"draft: {_draft_specs()}")
@@ -143,8 +156,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _audit_arguments(p: argparse.ArgumentParser) -> None:
-    from hfspec.presets import DEFAULT_PRESET
-
     p.add_argument("--preset", default=DEFAULT_PRESET, help=f"fills in what the flags leave out (default {DEFAULT_PRESET})")
     p.add_argument("--target", help="target: model folder, hub id or .gguf file")
     p.add_argument("--draft", help=f"draft: {_draft_specs()}")
@@ -160,7 +171,7 @@ def _audit_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gamma", type=int)
     p.add_argument("--seed", type=int)
     p.add_argument("--bitwise-verify", action="store_true",
-                   help="audit with hfspec.exactness.use_bitwise_verify (bf16 greedy bit for bit on CPUs that allow it)")
+                   help="audit with hfspec.audit.exactness.use_bitwise_verify (bf16 greedy bit for bit on CPUs that allow it)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
 
 
@@ -192,8 +203,6 @@ def _check_writable(path: str, field: str) -> None:
 
 
 def _check_plot_format(path: str) -> None:
-    from hfspec.extras import require_extra
-
     require_extra("plot", "--plot", "drawing the sweep's figure")
     from matplotlib.figure import Figure
 
@@ -214,9 +223,6 @@ def _tree_arg(text: str):
 
 
 def _settings(args, **extra):
-    from hfspec.drafts import parse_draft_spec
-    from hfspec.session import RunSettings
-
     _check_args(args)
 
     overrides = {k: v for k, v in {
@@ -230,16 +236,12 @@ def _settings(args, **extra):
         if spec.strip():
             parsed = parse_draft_spec(spec.strip())  # a bad spec fails here, before any model loads
             if parsed.kind == "bnb":  # and so does a missing optional extra
-                from hfspec.extras import require_extra
-
                 require_extra("bnb", "draft", f"{parsed.label} (bitsandbytes layers; without it: rtn2..rtn8[-gN], "
                               "or a model folder / hub id)")
     return settings
 
 
 def _session(args):
-    from hfspec.session import Session
-
     return Session(dtype=args.dtype, device=args.device)
 
 
@@ -248,9 +250,6 @@ def _say(message: str) -> None:
 
 
 def cmd_run(args) -> int:
-    from hfspec import report
-    from hfspec.exactness import exactness_note
-
     # --ignore-eos can only turn it on: without the flag the preset's own ignore_eos stands
     settings = _settings(args, measure_baseline=not args.no_baseline, **({"ignore_eos": True} if args.ignore_eos else {}))
     session = _session(args)
@@ -274,9 +273,6 @@ def cmd_run(args) -> int:
 
 def cmd_sweep(args) -> int:
     from tqdm import tqdm
-
-    from hfspec import report
-    from hfspec.sweep import parse_gammas, speculative_options, sweep
 
     gammas = parse_gammas(args.gammas)
     if args.repeats < 1:
@@ -311,9 +307,6 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from hfspec import report
-    from hfspec.sweep import speculative_options, sweep
-
     settings = _settings(args)
     specs = [d.strip() for d in args.drafts.split(",") if d.strip()]
     session = _session(args)
@@ -339,9 +332,6 @@ def cmd_compare(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from hfspec import report
-    from hfspec.benchmark import compare_methods
-
     settings = _settings(args)
     session = _session(args)
     target, draft, tokenizer = session.load(settings, progress=_say)
@@ -367,17 +357,10 @@ def cmd_bench(args) -> int:
 
 
 def cmd_audit(args) -> int:
-    from hfspec.audit import run_command
-
     return run_command(args, progress=_say)
 
 
 def cmd_sensitivity(args) -> int:
-    from hfspec import report
-    from hfspec.drafts.sensitivity import check_arguments, sensitivity
-    from hfspec.loading import load_model
-    from hfspec.presets import DEFAULT_PRESET, list_presets, load_preset
-
     check_arguments(args.bits, args.group, args.method, args.by, args.tokens)
     if args.json:
         _check_writable(args.json, "--json")
@@ -394,8 +377,6 @@ def cmd_sensitivity(args) -> int:
 
 
 def cmd_presets(args) -> int:
-    from hfspec.presets import list_presets, load_preset
-
     for name in list_presets():
         p = load_preset(name)
         print(f"{name:24s} {'(download) ' if p.needs_download else ''}{p.description}")
@@ -403,8 +384,6 @@ def cmd_presets(args) -> int:
 
 
 def cmd_gui(args) -> int:
-    from hfspec.extras import require_extra
-
     require_extra("gui", "gui", "the dashboard")
     from gui.app import main as gui_main
 
@@ -414,8 +393,6 @@ def cmd_gui(args) -> int:
 
 
 def cmd_export_hub(args) -> int:
-    from hfspec.hub_export import export_hub
-
     folder = export_hub(args.out, draft=args.draft, gamma=args.gamma, overwrite=args.overwrite)
     print(f"wrote {folder}; use it with: model.generate(ids, custom_generate={str(folder)!r}, "
           f"trust_remote_code=True, draft={args.draft!r}, gamma={args.gamma!r}, max_new_tokens=...)")
@@ -423,8 +400,6 @@ def cmd_export_hub(args) -> int:
 
 
 def cmd_export_draft(args) -> int:
-    from hfspec.export_draft import export_draft_cli
-
     return export_draft_cli(args.target, args.draft, args.out, gamma=args.gamma, dtype=args.dtype,
                             overwrite=args.overwrite, check=not args.no_check, say=_say)
 

@@ -4,7 +4,7 @@ Four names, one meaning each:
 
 * `paper_speedup`: the paper's closed-form formula (1 − α^(γ+1)) / ((1 − α)(1 + γc)) (Leviathan et al. 2023,
   Thm 3.8) from α, γ and a cost ratio c (`hfspec.paper_speedup(α, γ, c)`; a run's with c = c_time).
-* `predicted_speedup`: the cost model's prediction (`hfspec.costmodel`) from the measured step costs and the run's
+* `predicted_speedup`: the cost model's prediction (`hfspec.decoding.costmodel`) from the measured step costs and the run's
   tokens per pass.
 * `measured_speedup`: speculative over plain tokens/s, measured (`hfspec.measure`).
 * `ideal_speedup`: the paper's formula with c = c_bytes, the weight-bound figure (`SpecStats.ideal_speedup`).
@@ -24,8 +24,8 @@ import warnings
 
 # old module-level function -> (where users call it, the module of the new function, the new function)
 FUNCTIONS = {
-    "estimated_speedup": ("hfspec", "hfspec.stats", "paper_speedup"),  # also hfspec.stats.estimated_speedup
-    "speedup_ignoring_verify_and_overhead": ("hfspec.stats", "hfspec.stats", "paper_speedup"),
+    "estimated_speedup": ("hfspec", "hfspec.decoding.stats", "paper_speedup"),  # also hfspec.decoding.stats.estimated_speedup
+    "speedup_ignoring_verify_and_overhead": ("hfspec.decoding.stats", "hfspec.decoding.stats", "paper_speedup"),
 }
 # old attribute -> new attribute (SpecStats, RunResult, Measurement, SweepRow / CompareRow, LiveSnapshot)
 ATTRIBUTES = {

@@ -24,7 +24,11 @@ from pathlib import Path
 
 from torch import nn
 
+from hfspec import validate
+from hfspec.api import speculative_generate
+from hfspec.drafts import make_draft, parse_draft_spec
 from hfspec.errors import HfspecError
+from hfspec.io.export_draft import check_out_folder
 
 CACHE_ATTRIBUTE = "_hfspec_hub_drafts"
 DEFAULT_DRAFT = "rtn4"
@@ -50,9 +54,6 @@ def hub_generate(model, inputs=None, *, draft=None, gamma=None, draft_options: d
     top_k, top_p, generation_config, logits_processor, stopping_criteria, stop_strings with tokenizer, streamer,
     return_dict_in_generate (the dict is hfspec's SpeculativeOutput: sequences, stats, token_kinds), seed.
     """
-    from hfspec import validate
-    from hfspec.hf import speculative_generate
-
     if assistant_model is not None:
         if draft is not None:
             raise HfspecError("draft: got both draft= and assistant_model=; allowed: one of them (the draft)")
@@ -74,8 +75,6 @@ def draft_for(model: nn.Module, spec, **options) -> nn.Module:
     """The draft of `model` for `spec`: a model is used as given; a spec string or folder is built once and kept
     on `model` (keyed by its canonical label and the options), so later calls reuse it. Bad specs raise
     HfspecError naming `draft` and the allowed specs, before anything is built."""
-    from hfspec.drafts import make_draft, parse_draft_spec
-
     parsed = parse_draft_spec(spec)
     if parsed.kind == "model":
         return make_draft(model, parsed.source, **options)
@@ -98,10 +97,6 @@ def requirements() -> list[str]:
 
 def export_hub(out, *, draft: str = DEFAULT_DRAFT, gamma=DEFAULT_GAMMA, overwrite: bool = False) -> Path:
     """Write a `custom_generate` folder to `out`; `draft` and `gamma` are its defaults (checked first)."""
-    from hfspec import validate
-    from hfspec.drafts import parse_draft_spec
-    from hfspec.export_draft import check_out_folder
-
     if not isinstance(draft, str):
         raise validate.bad_value("draft", type(draft).__name__, "a draft spec string (the folder's default)")
     parse_draft_spec(draft)

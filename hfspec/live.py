@@ -8,12 +8,9 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from hfspec.compat import old_names
-
-if TYPE_CHECKING:
-    from hfspec.dyntree import RoundTree
+from hfspec.decoding.round import RoundTree
 
 ROLLING_WINDOW = 16  # target passes in the rolling acceptance rate
 

@@ -8,9 +8,11 @@ import json
 import math
 from pathlib import Path
 
-from hfspec import verify_cost
-from hfspec.measure import predicted_speedup
-from hfspec.stats import SpecStats, expected_tokens_per_pass, paper_speedup
+from hfspec.decoding.stats import SpecStats, expected_tokens_per_pass, paper_speedup
+from hfspec.extras import require_extra
+from hfspec.measure import verify_cost
+from hfspec.measure.plausible import ideal_note
+from hfspec.measure.ruler import ROUGH_BELOW, predicted_speedup
 
 COLOURS = {"accepted": "\033[32m", "resampled": "\033[33m", "bonus": "\033[36m", "target": ""}
 RESET = "\033[0m"
@@ -34,7 +36,7 @@ STOP_WORDS = {"eos": "EOS", "max_tokens": "max new tokens", "stop_criteria": "st
 
 def stats_lines(stats: SpecStats, baseline=None, measured_speedup: float | None = None,
                 measurement=None) -> list[str]:
-    """The numbers of one run, one per line. The speed-ups: predicted (the cost model, `hfspec.costmodel`, fitted
+    """The numbers of one run, one per line. The speed-ups: predicted (the cost model, `hfspec.decoding.costmodel`, fitted
     to the timed measurement, else to the run), paper (the paper's formula with c time), ideal (the paper's formula
     with c bytes) and, with `baseline` (`hfspec.session.Baseline`) and `measured_speedup`
     (`RunResult.measured_speedup`), measured; `measurement` (`hfspec.measure.Measurement`) adds how rough the
@@ -82,8 +84,6 @@ def _source(stats: SpecStats, measurement) -> str:
 def measurement_lines(m, stats: SpecStats | None = None) -> list[str]:
     """The measured speed-up as the ruler (`hfspec.measure`) gives it: the figure with its interval, how it was
     timed, the verdict, and a line for each warning, flag, disagreement with the prediction and ideal note."""
-    from hfspec.measure import ideal_note
-
     x = m.measured_speedup
     interval = (f" [{m.low:.2f}–{m.high:.2f}×, {m.coverage:.0%} interval]"
                 if m.low is not None and m.high is not None and m.pairs > 1 else "")
@@ -170,8 +170,6 @@ def row_problem(row: dict) -> str:
     """Why a sweep/compare row's measured speed-up is not to be relied on ("" when it is): "implausible",
     "unstable" or "rough" (fewer than `hfspec.measure.ROUGH_BELOW` pairs), by the ruler's columns (rows written
     before them: by their repeats)."""
-    from hfspec.measure import ROUGH_BELOW
-
     if row.get("flags"):
         return "implausible"
     pairs = row.get("pairs") if row.get("pairs") is not None else row.get("repeats", 1)
@@ -199,8 +197,6 @@ def plot_sweep(rows: list[dict], path: str | Path) -> dict:
     formula with c_time and with c_bytes (ideal). The speed-up axis is set by the plausible values; a point
     beyond it is drawn at the edge with its value written. Returns what it drew: {"ylim", "unreliable":
     [(draft, γ, why)], "off_scale": [(draft, γ, value)]} (for tests)."""
-    from hfspec.extras import require_extra
-
     require_extra("plot", "plot", "drawing the sweep's figure")
     import matplotlib
 

@@ -7,7 +7,7 @@
     sweep = session.sweep(settings, gammas=range(1, 9), drafts=["rtn4", "rtn3-g64"], repeats=3)
     rows = session.compare(settings, drafts=["rtn4", "rtn3-g64", "models/nano"])
 
-Everything returns plain data (dataclasses, lists, floats). Sweeps and comparisons are `hfspec.sweep`, the CLI's
+Everything returns plain data (dataclasses, lists, floats). Sweeps and comparisons are `hfspec.measure.sweep`, the CLI's
 engine (repeats, fixed length, baselines measured beside each run). A run's baseline is plain decoding of
 exactly the run's token count, measured right after it, never cached. Draft specs go through the one registry
 (`hfspec.drafts.registry`). `should_stop()` is polled between loading steps, during loading (through the
@@ -23,11 +23,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
+from hfspec.api import generate
 from hfspec.drafts import registry
 from hfspec.errors import HfspecError
+from hfspec.io.loading import load_model, load_tokenizer
 from hfspec.live import ROLLING_WINDOW, IncrementalDecoder, LiveBuffer, LiveRecorder, LiveSnapshot
-from hfspec.measure import Measurement, measure_speedup
-from hfspec.results import STOP_REASONS, Baseline, CompareRow, RunResult, SweepPoint, SweepResult
+from hfspec.measure.results import STOP_REASONS, Baseline, CompareRow, RunResult, SweepPoint, SweepResult
+from hfspec.measure.ruler import Measurement, measure_speedup
+from hfspec.measure.sweep import SweepRow, plain_run, speculative_options
+from hfspec.measure.sweep import sweep as run_sweep
 from hfspec.settings import (
     RunSettings,
     build_draft,
@@ -37,8 +41,6 @@ from hfspec.settings import (
     parse_list,
     split_draft_spec,
 )
-from hfspec.sweep import SweepRow, plain_run, speculative_options
-from hfspec.sweep import sweep as run_sweep
 from hfspec.validate import GAMMA_MAX
 
 __all__ = [
@@ -93,8 +95,6 @@ class Session:
         key = self._target_key(source, dtype, device)
         if key not in self._targets:
             say = _guarded(progress, should_stop)
-            from hfspec.loading import load_model, load_tokenizer
-
             say(f"loading target {source}…")
             model = load_model(source, dtype=key[1], device=key[2], progress=say, role="target")
             say("loading tokenizer…")
@@ -134,13 +134,11 @@ class Session:
         """One speculative run, then (when `settings.measure_baseline`) plain decoding of exactly as many
         tokens, measured right after it. `before_measure()` is called first: a display can finish drawing the run
         (a busy GUI thread takes cores from what is being timed)."""
-        import hfspec
-
         settings.validated()
         target, draft, tokenizer = self.load(settings, progress, should_stop)
         ids = self.encode(settings, tokenizer)
         live = LiveRecorder(IncrementalDecoder(tokenizer, ids[0].tolist()), on_live)
-        out = hfspec.generate(target, ids, draft=draft, on_round=live, should_stop=should_stop,
+        out = generate(target, ids, draft=draft, on_round=live, should_stop=should_stop,
                               **settings.generate_kwargs())
         prompt_text = tokenizer.decode(ids[0], skip_special_tokens=True)
         result = RunResult(settings=replace(settings), stats=out.stats, prompt_text=prompt_text, pieces=live.pieces,
@@ -157,8 +155,6 @@ class Session:
                  progress) -> Measurement | None:
         """Speculative decoding without the live display against plain decoding (`hfspec.measure`): segments of
         MEASURE_SEGMENT tokens of the run's text, up to MEASURE_PAIRS alternating pairs within MEASURE_BUDGET_S."""
-        import hfspec
-
         whole = n <= MEASURE_SEGMENT * 3 // 2 or ids.shape[0] != 1
         seg = n if whole else MEASURE_SEGMENT
         starts = [0] if whole else list(range(0, n - seg + 1, seg))
@@ -176,7 +172,7 @@ class Session:
                          f"display; up to {MEASURE_PAIRS} pairs in {MEASURE_BUDGET_S:g} s)…")
 
         def speculative(i: int):
-            return hfspec.generate(target, context(i), draft=draft, should_stop=should_stop, seed=seed + i,
+            return generate(target, context(i), draft=draft, should_stop=should_stop, seed=seed + i,
                                    **fixed).stats
 
         def plain(i: int):
@@ -202,12 +198,12 @@ class Session:
             return None
         return Baseline(stats.new_tokens, stats.time_total, stats=stats)
 
-    # -------------------------------------------------------------- sweep and compare (hfspec.sweep)
+    # -------------------------------------------------------------- sweep and compare (hfspec.measure.sweep)
     def sweep(self, settings: RunSettings, gammas: Iterable[int], drafts: Iterable[str] | None = None,
               repeats: int = 1, on_point: Callable[[SweepRow], None] | None = None,
               should_stop: StopCheck | None = None, progress: Progress | None = None,
               on_step: Step | None = None) -> SweepResult:
-        """Each draft × γ through `hfspec.sweep.sweep`: `repeats` fixed-length runs per point, each beside its
+        """Each draft × γ through `hfspec.measure.sweep.sweep`: `repeats` fixed-length runs per point, each beside its
         own plain baseline; `on_step(i, n)` before point i of n, `on_point(row)` after it."""
         gammas = sorted({int(g) for g in gammas})
         if not gammas or gammas[0] < 1 or gammas[-1] > GAMMA_MAX:

@@ -1,16 +1,22 @@
-"""`RunSettings`, the one description of a run (the CLI, the dashboard and presets fill it), and the draft
-form helpers that turn a kind and its values into a spec string and back."""
+"""`RunSettings`, the one description of a run (the CLI, the dashboard and presets fill it); `Preset`, a named one
+read from a preset file (`hfspec.io.presets` finds and validates the files); and the draft form helpers that turn
+a kind and its values into a spec string and back."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from hfspec.drafts import registry
-from hfspec.errors import HfspecError
-from hfspec.validate import check_gamma
+from hfspec.decoding.coupling import check_coupling
+from hfspec.decoding.request import TREE_MAX
+from hfspec.drafts import make_draft, registry
+from hfspec.errors import HfspecError, bad_value
+from hfspec.io.loading import load_model, load_tokenizer, parse_device, parse_dtype
+from hfspec.io.loading.sources import check_name_lengths
+from hfspec.io.presets import ALLOWED_KEYS, preset_values, read_preset, registered_kind
+from hfspec.validate import check_gamma, check_sampling
 
 Progress = Callable[[str], None]
 
@@ -36,24 +42,18 @@ class RunSettings:
     ignore_eos: bool = False  # generate exactly max_new_tokens (EOS masked, as min_new_tokens does)
     device: str = ""  # "" : the session's default; cpu | cuda | cuda:N | mps | auto
     dtype: str = ""   # "" : the session's default; float32 | bfloat16 | float16 | auto
-    early_exit: bool = False  # the draft may end a round early when another token does not pay (hfspec.early_exit)
-    tree: int | str = 0  # 2..8: candidates per unsure draft position (hfspec.tree); "auto": a token tree
-    # (hfspec.dyntree); 0 or 1: the plain chain
-    coupling: str = "rejection"  # or "gumbel": draft-invariant sampling, the text fixed by the seed (hfspec.coupling)
+    early_exit: bool = False  # the draft may end a round early when another token does not pay (hfspec.decoding.early_exit)
+    tree: int | str = 0  # 2..8: candidates per unsure draft position (hfspec.decoding.siblings); "auto": a token tree
+    # (hfspec.decoding.trees); 0 or 1: the plain chain
+    coupling: str = "rejection"  # or "gumbel": draft-invariant sampling, the text fixed by the seed (hfspec.decoding.coupling)
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> RunSettings:
         """Settings filled from a preset (name or .toml path), then `overrides`."""
-        from hfspec.presets import load_preset
-
         return load_preset(name).settings(**overrides)
 
     def validated(self) -> RunSettings:
         """Self, after checking every field's type and range (HfspecError naming the field and what is allowed)."""
-        from hfspec.errors import bad_value
-        from hfspec.loading import parse_device, parse_dtype
-        from hfspec.validate import check_sampling
-
         for name, what in (("target", "a model folder, a hub id (owner/name) or a .gguf file"),
                            ("draft", registry.allowed()),
                            ("prompt", "some text to continue")):
@@ -61,15 +61,11 @@ class RunSettings:
             if not isinstance(value, str) or not (value if name == "prompt" else value.strip()):
                 raise bad_value(name, value, what)
             if name != "prompt":  # a name the OS refuses: said now, before any model loads
-                from hfspec.loading.sources import check_name_lengths
-
                 check_name_lengths(value.strip(), name)
         check_gamma(self.gamma)
-        from hfspec.request import TREE_MAX
         if self.tree != "auto" and (isinstance(self.tree, bool) or not isinstance(self.tree, int)
                                     or not 0 <= self.tree <= TREE_MAX):
             raise bad_value("tree", self.tree, f"an integer from 0 to {TREE_MAX} (0 or 1: no tree) or \"auto\"")
-        from hfspec.coupling import check_coupling
         check_coupling(self.coupling)
         if self.coupling == "gumbel" and (self.tree == "auto" or self.tree > 1):
             raise bad_value("tree", self.tree, '0 or 1 with coupling="gumbel" (tree speculation keeps the law by '
@@ -178,8 +174,6 @@ def encode_prompt(settings: RunSettings, tokenizer):
 def build_draft(target, spec: str, tokenizer, progress: Progress | None = None):
     """The draft `spec` for `target`: kinds that take any option (a model to load) get the target's tokenizer
     to check against; kinds that report while building get `progress`."""
-    from hfspec import make_draft
-
     parsed = registry.parse(spec.strip())
     if progress is not None:
         progress(f"building draft {parsed.label}…")
@@ -190,3 +184,87 @@ def build_draft(target, spec: str, tokenizer, progress: Progress | None = None):
     return make_draft(target, spec.strip(), **options)
 
 
+# ------------------------------------------------------------------------------------------------ preset
+@dataclass
+class Preset:
+    """A validated preset.  ``target`` / ``draft`` are resolved: local folders become absolute paths,
+    hub ids and quantisation specs stay as written (``raw`` keeps the file's own values)."""
+
+    name: str
+    target: str
+    draft: str
+    gamma: int | str
+    temperature: float
+    top_k: int
+    top_p: float
+    max_new_tokens: int
+    seed: int
+    prompt: str
+    needs_download: bool
+    description: str = ""
+    chat: bool = False
+    ignore_eos: bool = False
+    tree: int | str = 0
+    coupling: str = "rejection"
+    path: Path | None = None
+    raw: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def embedded(self) -> bool:
+        """True when everything it needs ships with hfspec (no download)."""
+        return not self.needs_download
+
+    @property
+    def draft_kind(self) -> str:
+        """"quant" for a draft that copies the target (`DraftKind.copies_target`), the model kind's name for a
+        folder or hub id, else the registry's kind name."""
+        kind = registered_kind(self.draft)
+        if kind is None:
+            return registry.model_kind().name
+        return "quant" if kind.copies_target else kind.name
+
+    def settings(self, **overrides):
+        """The preset as `RunSettings` (the one description of a run), then `overrides`."""
+        values = dict(target=self.target, draft=self.draft, gamma=self.gamma, temperature=float(self.temperature),
+                      top_k=int(self.top_k), top_p=float(self.top_p), max_new_tokens=int(self.max_new_tokens),
+                      seed=int(self.seed), prompt=self.prompt, preset=self.name, chat=bool(self.chat),
+                      ignore_eos=bool(self.ignore_eos), tree=self.tree, coupling=self.coupling)
+        return RunSettings(**(values | overrides))
+
+    def sampling_kwargs(self) -> dict:
+        """Keyword arguments for hfspec.generate / plain_generate (top_k 0 and top_p 1.0 mean off)."""
+        return self.settings().generate_kwargs()
+
+    def encode_prompt(self, tokenizer, prompt: str | None = None):
+        """Token ids [1, n] for ``prompt`` (default: the preset's), chat-templated when ``chat`` is set."""
+        return encode_prompt(self.settings(**({} if prompt is None else {"prompt": prompt})), tokenizer)
+
+    def build(self, progress=None, dtype=None, device=None):
+        """Load the target and its tokenizer, then build the draft: returns (target, draft, tokenizer)."""
+        say = progress if callable(progress) else None
+        if say:
+            say(f"preset {self.name}: target {self.target}, draft {self.draft}")
+        target = load_model(self.target, dtype=dtype, device=device, progress=progress, role="target")
+        tokenizer = load_tokenizer(self.target, role="target")
+        return target, build_draft(target, self.draft, tokenizer, say), tokenizer
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("name", *ALLOWED_KEYS)} | {"path": str(self.path) if self.path else None}
+
+
+# ------------------------------------------------------------------------------------------------ loading
+def load_preset(name_or_path) -> Preset:
+    """Read and validate a preset (a name from `hfspec.io.presets.list_presets` or a path to a .toml file)."""
+    data, path = read_preset(name_or_path)
+    return preset_from_dict(data, name=path.stem, base=path.parent, path=path)
+
+
+def preset_from_dict(data: dict, *, name: str = "custom", base: Path | None = None, path: Path | None = None) -> Preset:
+    """Validate a preset given as a dict; relative folders are resolved against ``base`` (default: cwd). Tree and
+    coupling (and their combination) are checked where every run's settings are (`RunSettings.validated`)."""
+    preset = Preset(name=name, path=path, raw=dict(data), **preset_values(data, name=name, base=base))
+    try:
+        preset.settings().validated()
+    except HfspecError as exc:
+        raise HfspecError(f"preset {name}: {exc}") from exc
+    return preset

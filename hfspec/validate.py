@@ -8,6 +8,7 @@ import numbers
 import torch
 
 from hfspec.errors import HfspecError, bad_value
+from hfspec.kernels.cache import accepts
 
 GAMMA_MAX = 64  # the largest fixed γ a user may ask for
 AUTO_GAMMA_MAX = 16  # the largest γ that gamma="auto" (AdaptiveGamma, stats.optimal_gamma) considers
@@ -130,6 +131,4 @@ def _is_number(value) -> bool:
 
 def accepts_positions(*models) -> bool:
     """Batches with ragged acceptance need explicit position ids in every model."""
-    from hfspec.cache import accepts
-
     return all(model is None or accepts(model, "position_ids") for model in models)

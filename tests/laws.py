@@ -8,11 +8,11 @@ import itertools
 import torch
 from scipy.stats import chisquare
 
-from hfspec.sampling import warp
+from hfspec.decoding.sampling import warp
 
 EOS = 1  # the tiny models' EOS id, masked as `min_new_tokens` does
 
-# name -> (function of hfspec.sampling to replace, its wrong replacement)
+# name -> (function of hfspec.decoding.sampling to replace, its wrong replacement)
 WRONG_RULES = {
     "always-accept": ("accept_draft", lambda p_x, q_x, r: torch.ones_like(p_x, dtype=torch.bool)),
     "residual-without-subtraction": ("residual", lambda p, q: p),

@@ -10,9 +10,9 @@ from test_distribution import pair as distribution_pair  # noqa: F401  (fixture)
 from tiny_models import build, perturbed
 
 import hfspec
-from hfspec.costmodel import CostModel
-from hfspec.costrecord import CostRecord, RoundSeconds
-from hfspec.gamma import AdaptiveGamma
+from hfspec.decoding.costmodel import CostModel
+from hfspec.decoding.costrecord import CostRecord, RoundSeconds
+from hfspec.decoding.gamma import AdaptiveGamma
 
 
 def test_greedy_identity_with_auto_gamma():
@@ -185,7 +185,7 @@ def test_seeded_prior_prices_the_verify_pass_by_dtype():
     shorter than the paper's formula, which leaves the verify pass out. Negative control: with a zero slope the
     profile agrees with the formula."""
     from hfspec.costmodel import Acceptance, best_gamma, prior_model, verify_slope_prior
-    from hfspec.stats import optimal_gamma
+    from hfspec.decoding.stats import optimal_gamma
 
     alpha, c = 0.85, 0.16
     fp32 = best_gamma(prior_model(c, "cpu", "float32"), Acceptance(alpha), 8)[0]
@@ -218,7 +218,7 @@ def test_auto_gamma_text_depends_on_the_seed_not_on_timing(monkeypatch, arch, ea
     target = build(arch, init=0.2)
     draft = perturbed(target, scale=0.2)
     ids = torch.tensor([[0, 5, 17, 33]])
-    monkeypatch.setattr(hfspec.hf, "weight_bytes", lambda model: 0 if model is None else 10 if model is draft else 100)
+    monkeypatch.setattr(hfspec.api, "weight_bytes", lambda model: 0 if model is None else 10 if model is draft else 100)
 
     def generate(seed, clock_seed):
         with monkeypatch.context() as patch:

@@ -9,11 +9,11 @@ import pytest
 import torch
 from scipy.stats import chi2
 
-import hfspec.sampling as sampling
-import hfspec.scoring as scoring
-from hfspec.audit import Cells, audit, chi2_isf, chi2_sf
+import hfspec.decoding.sampling as sampling
+import hfspec.decoding.scoring as scoring
+from hfspec.audit.command import Cells, audit, chi2_isf, chi2_sf
 from hfspec.cli import main
-from hfspec.loading import load_model, load_tokenizer
+from hfspec.io.loading import load_model, load_tokenizer
 
 MICRO = str(Path(__file__).resolve().parents[1] / "presets" / "models" / "micro")
 SMALL = ["--target", MICRO, "--draft", "rtn4", "--tokens", "24", "--samples", "2000", "--seed", "3"]

@@ -19,7 +19,7 @@ from transformers.generation.streamers import BaseStreamer
 import hfspec
 from hfspec.cli import main
 from hfspec.errors import HfspecError
-from hfspec.loading import load_model, load_tokenizer
+from hfspec.io.loading import load_model, load_tokenizer
 from hfspec.session import RunSettings
 
 PROMPT = torch.tensor([[0, 5, 17, 33]])

@@ -9,11 +9,12 @@ from tiny_models import build, build_family, perturbed, sharpen
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import hfspec
-from hfspec import fast_linear, memory
 from hfspec.drafts import describe, make_draft, weight_bytes
-from hfspec.drafts.lean import LeanDecoder
 from hfspec.errors import HfspecError
-from hfspec.loading import load_model
+from hfspec.io import memory
+from hfspec.io.loading import load_model
+from hfspec.kernels import fast_linear
+from hfspec.kernels.lean import LeanDecoder
 
 HALF = [torch.bfloat16, torch.float16]
 FAMILIES = ["llama", "qwen3", "gemma3"]
@@ -79,7 +80,7 @@ def test_lean_rtn4_of_a_half_target_matches_the_hf_forward_rtn4(family, dtype):
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 def test_compiled_step_of_a_half_target_computes_the_eager_step(dtype, tmp_path, monkeypatch):
-    from hfspec.drafts import compiled
+    from hfspec.kernels import compiled
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setattr(compiled, "COMPILE_DIR", tmp_path)
@@ -119,7 +120,7 @@ def test_a_bf16_targets_rtn4_draft_holds_under_a_third_of_its_bytes():
 
 
 def test_draft_build_reports_layer_progress(monkeypatch):
-    from hfspec.drafts import lean
+    from hfspec.kernels import lean
 
     monkeypatch.setattr(lean, "BUILD_PROGRESS_EVERY", 0.0)
     messages: list[str] = []
@@ -172,9 +173,10 @@ def test_a_bad_memory_override_names_the_variable(monkeypatch):
 
 # ------------------------------------------------------------------------------------------------ verify advice
 def test_advice_recommends_bf16_only_when_the_verify_pass_is_the_bottleneck():
-    from hfspec import report, verify_cost
+    from hfspec import report
+    from hfspec.decoding.stats import SpecStats
+    from hfspec.measure import verify_cost
     from hfspec.session import Baseline
-    from hfspec.stats import SpecStats
 
     baseline = Baseline(new_tokens=100, time_total=10.0)  # plain: 100 ms a token
     slow = SpecStats(target_passes=40, time_target=40 * 0.25)  # 250 ms a pass: 2.5x
@@ -241,10 +243,10 @@ def test_a_draft_too_big_for_memory_is_refused_before_building(monkeypatch):
 
 
 def test_verify_ratio_reads_the_cost_record_without_the_prefill():
-    from hfspec import verify_cost
-    from hfspec.costmodel import CostRecord
+    from hfspec.decoding.costmodel import CostRecord
+    from hfspec.decoding.stats import SpecStats
+    from hfspec.measure import verify_cost
     from hfspec.session import Baseline
-    from hfspec.stats import SpecStats
 
     # one-position rounds at 100 ms and width-5 passes at 250 ms: 2.5x, whatever the prefill or the mean pass says
     record = CostRecord(width_rounds=[0, 10, 0, 0, 0, 20], width_seconds=[0.0, 1.0, 0.0, 0.0, 0.0, 5.0],

@@ -10,7 +10,7 @@ from laws import WRONG_RULES
 from tiny_models import build
 
 import hfspec
-import hfspec.sampling as sampling
+import hfspec.decoding.sampling as sampling
 from hfspec.drafts import calibrated, make_draft
 from hfspec.drafts.fidelity import fidelity
 from hfspec.drafts.registry import parse

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from hfspec.cli import main
-from hfspec.sweep import FIELDS, parse_gammas
+from hfspec.measure.sweep import FIELDS, parse_gammas
 
 
 def test_sweep_json_has_every_field_for_every_gamma(capsys, tmp_path):

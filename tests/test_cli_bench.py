@@ -7,11 +7,11 @@ import torch
 from tiny_models import build
 
 import hfspec
-from hfspec.benchmark import compare_methods, hf_assisted
 from hfspec.cli import build_parser, main
 from hfspec.drafts import registry
 from hfspec.errors import HfspecError
-from hfspec.presets import load_preset
+from hfspec.measure.benchmark import compare_methods, hf_assisted
+from hfspec.settings import load_preset
 
 PROMPT = torch.tensor([[0, 5, 17, 33, 5, 17]])
 

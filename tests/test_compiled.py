@@ -18,9 +18,11 @@ import torch
 from tiny_models import build, build_family, sharpen
 
 import hfspec
-from hfspec.drafts import compiled, describe, make_draft, registry
-from hfspec.drafts.lean import CACHE_CHUNK, LeanDecoder
+from hfspec.drafts import describe, make_draft, registry
 from hfspec.errors import HfspecError
+from hfspec.kernels import compiled
+from hfspec.kernels.lean import LeanDecoder
+from hfspec.kernels.lean_cache import CACHE_CHUNK
 
 MICRO = Path(__file__).resolve().parents[1] / "presets" / "models" / "micro"
 
@@ -69,7 +71,7 @@ def test_compiled_step_computes_the_eager_lean_step(family, own_cache):
 
 @pytest.mark.slow
 def test_compiled_draft_decodes_the_targets_greedy_text(own_cache):
-    from hfspec.loading import load_model
+    from hfspec.io.loading import load_model
 
     target = load_model(str(MICRO), dtype="float32", progress=False)
     draft = make_draft(target, "rtn4-compiled")
@@ -101,7 +103,7 @@ def test_a_failed_compile_keeps_the_eager_step_and_says_why(own_cache, monkeypat
 
 @pytest.mark.slow
 def test_a_compile_that_fails_only_with_the_cpp_wrapper_is_redone_without_it(tmp_path, monkeypatch):
-    from hfspec.drafts.compiled import NO_WRAPPER_MARKER, CompiledStep
+    from hfspec.kernels.compiled import NO_WRAPPER_MARKER, CompiledStep
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setattr(compiled, "COMPILE_DIR", tmp_path)  # its own folder: the marker must not reach other tests
@@ -136,7 +138,7 @@ def test_a_compile_that_fails_only_with_the_cpp_wrapper_is_redone_without_it(tmp
 
 _BUILD = textwrap.dedent("""
     import torch, hfspec
-    from hfspec.loading import load_model
+    from hfspec.io.loading import load_model
     target = load_model(%r, dtype="float32", progress=False)
     draft = hfspec.make_draft(target, "rtn4-compiled", progress=print)
     ids = torch.tensor([[0, 5, 9, 40]])

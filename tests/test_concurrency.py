@@ -16,7 +16,7 @@ from tiny_models import build, build_family
 
 import hfspec
 from hfspec.errors import HfspecError
-from hfspec.loading import check_loaded, load_model
+from hfspec.io.loading import check_loaded, load_model
 from hfspec.session import RunSettings, Session
 
 PROMPT = torch.tensor([[0, 5, 17, 33]])

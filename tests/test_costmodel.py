@@ -7,7 +7,7 @@ import torch
 from tiny_models import build, perturbed
 
 import hfspec
-from hfspec.costmodel import (
+from hfspec.decoding.costmodel import (
     Acceptance,
     CostModel,
     CostRecord,
@@ -17,8 +17,8 @@ from hfspec.costmodel import (
     predict,
     predict_from,
 )
-from hfspec.gamma import AdaptiveGamma
-from hfspec.stats import SpecStats, expected_tokens_per_pass, paper_speedup
+from hfspec.decoding.gamma import AdaptiveGamma
+from hfspec.decoding.stats import SpecStats, expected_tokens_per_pass, paper_speedup
 
 MS = 1e-3
 
@@ -216,7 +216,7 @@ def test_a_run_records_its_rounds():
 def test_one_token_timings_are_reused_after_a_targets_first_runs():
     """Only a target's first TIMED_RUNS runs pay for the cost model's one-token passes: later runs make no extra
     forward and record the mean of those timings; another thread count times again."""
-    from hfspec.costrecord import TIMED_RUNS
+    from hfspec.decoding.costrecord import TIMED_RUNS
 
     target = build("llama", init=0.2)
     draft = perturbed(target, scale=0.3)

@@ -1,4 +1,4 @@
-"""coupling="gumbel": draft-invariant sampling (`hfspec.coupling`; Daliri et al., 2024).
+"""coupling="gumbel": draft-invariant sampling (`hfspec.decoding.coupling`; Daliri et al., 2024).
 
 (1) For a seed the text is the same whatever the draft (a perturbed model, an RTN copy, prompt lookup) and γ,
 and equal to a γ-free reference loop that samples the target by Gumbel-max with the same noise; (2) its law is
@@ -16,13 +16,13 @@ import torch
 from tiny_models import build, perturbed
 
 import hfspec
-import hfspec.decoding as decoding
+import hfspec.decoding.loop as decoding
+from hfspec.api import speculative_generate
 from hfspec.cli import _coupling, build_parser
-from hfspec.coupling import GumbelNoise, gumbel_noise
+from hfspec.decoding.coupling import GumbelNoise, gumbel_noise
+from hfspec.decoding.sampling import warp
 from hfspec.drafts import make_draft
 from hfspec.errors import HfspecError
-from hfspec.hf import speculative_generate
-from hfspec.sampling import warp
 from hfspec.session import RunSettings
 
 PROMPTS = [[0, 5, 6, 7, 5, 6], [0, 9, 10]]

@@ -7,12 +7,12 @@ import torch
 from tiny_models import build
 from transformers import StoppingCriteriaList
 
-from hfspec.decoding import DecodeJob, decode
+from hfspec.decoding.gamma import FixedGamma
+from hfspec.decoding.loop import DecodeJob, decode
+from hfspec.decoding.scoring import Scorer
+from hfspec.decoding.stopping import Stopper
 from hfspec.drafts.base import NoDraft
-from hfspec.gamma import FixedGamma
-from hfspec.kv_model import CachedModel
-from hfspec.scoring import Scorer
-from hfspec.stopping import Stopper
+from hfspec.kernels.kv_model import CachedModel
 
 
 class WatchingDraft(NoDraft):

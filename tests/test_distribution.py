@@ -2,7 +2,7 @@
 
 A tiny-vocabulary target and an unrelated draft; 20,000 seeded runs as rows of one batch. The joint law of
 the first three generated tokens is compared with the target's exact law, computed independently with
-`hfspec.sampling.warp`. Deliberately wrong rules must fail the same test (negative controls). The pair also
+`hfspec.decoding.sampling.warp`. Deliberately wrong rules must fail the same test (negative controls). The pair also
 runs in bfloat16 (a subset of the settings, to keep the suite short): there the target's law is computed from
 its bfloat16 logits, which differ from the speculative run's by rounding (~1e-2 of a logit), far below what
 20,000 samples resolve.
@@ -15,7 +15,7 @@ from laws import WRONG_RULES
 from tiny_models import build
 
 import hfspec
-import hfspec.sampling as sampling
+import hfspec.decoding.sampling as sampling
 
 pytestmark = pytest.mark.slow  # 20,000-row batches per law: the fast loop (-m "not slow") skips them
 

@@ -1,4 +1,4 @@
-"""Token trees (`hfspec.dyntree`): the recursive rule over children drawn without replacement keeps the target's law
+"""Token trees (`hfspec.decoding.trees`): the recursive rule over children drawn without replacement keeps the target's law
 (exact enumeration over a two-level tree, with wrong-rule controls that must fail), samples through the loop match
 the target's law (chi-square, with a wrong-tree control), greedy output is the target's on four families, both
 caches hold the accepted path, seeded "auto" does not depend on timing, and what cannot run a tree is refused."""
@@ -15,17 +15,24 @@ from transformers import LogitsProcessorList
 from transformers.generation import logits_process as lp
 
 import hfspec
-import hfspec.dyntree as dyntree
-from hfspec.decoding import DecodeJob, _Run, commit, decode, settle
+import hfspec.decoding.trees as dyntree
+from hfspec.decoding.gamma import FixedGamma
+from hfspec.decoding.loop import DecodeJob, _Run, commit, decode, settle
+from hfspec.decoding.sampling import children_chances, residual
+from hfspec.decoding.scoring import Scorer
+from hfspec.decoding.stopping import Stopper
+from hfspec.decoding.trees import (
+    AutoShape,
+    DynamicTree,
+    TreeShape,
+    dynamic_round,
+    feed_token_tree,
+    keep_cached,
+)
 from hfspec.drafts.base import as_draft
-from hfspec.dyntree import AutoShape, DynamicTree, TreeShape, dynamic_round, feed_token_tree, keep_cached
 from hfspec.errors import HfspecError
-from hfspec.gamma import FixedGamma
-from hfspec.kv_model import CachedModel
-from hfspec.sampling import children_chances, residual
-from hfspec.scoring import Scorer
-from hfspec.slots import Slots
-from hfspec.stopping import Stopper
+from hfspec.kernels.kv_model import CachedModel
+from hfspec.kernels.slots import Slots
 
 IDS = torch.tensor([[0, 5, 17, 33, 9]])
 
@@ -124,7 +131,7 @@ def test_negative_control_children_not_drawn_without_replacement_break_the_law(w
 
 
 def test_negative_control_rejected_child_left_in_q_breaks_the_law(monkeypatch):
-    import hfspec.sampling as sampling
+    import hfspec.decoding.sampling as sampling
 
     monkeypatch.setattr(sampling, "without", lambda q, token: q)
     p, q = _tables(0)
@@ -190,7 +197,7 @@ def test_negative_control_top_k_children_at_t1_fail_chi_square(pair, monkeypatch
 
 def test_negative_control_wrong_residual_fails_chi_square_quickly(pair, monkeypatch):
     """A short run (not slow): a tree verified without subtracting q must already be far off the target's law."""
-    import hfspec.sampling as sampling
+    import hfspec.decoding.sampling as sampling
 
     target, draft = pair
     monkeypatch.setattr(sampling, "residual", lambda p, q: p)
@@ -228,7 +235,7 @@ def test_tree_pass_equals_fresh_forwards_and_cache_keeps_the_path(arch):
     """Every node's logits equal a full forward of the text it follows; after keeping a path (through a
     non-first child), the next step from the cache equals a full forward (HF runner, and the lean runner for
     the Llama draft side)."""
-    from hfspec.drafts.lean import LeanDecoder, LeanRunner
+    from hfspec.kernels.lean import LeanDecoder, LeanRunner
 
     model = build(arch, init=0.2)
     runners = [CachedModel(model)] + ([LeanRunner(LeanDecoder(model, bits=None))] if arch == "llama" else [])

@@ -1,4 +1,4 @@
-"""Draft-side early exit (hfspec.early_exit): greedy text unchanged, the target's law unchanged (chi-square, with
+"""Draft-side early exit (hfspec.decoding.early_exit): greedy text unchanged, the target's law unchanged (chi-square, with
 a negative control that stops on the drawn token's own probability), costs and calibration as documented."""
 
 import laws
@@ -11,16 +11,16 @@ from transformers import LogitsProcessorList
 from transformers.generation.logits_process import MinNewTokensLengthLogitsProcessor
 
 import hfspec
-import hfspec.hf
-from hfspec.costmodel import CostRecord, RoundSeconds
-from hfspec.decoding import DecodeJob, decode
+import hfspec.api
+from hfspec.decoding.costmodel import CostRecord, RoundSeconds
+from hfspec.decoding.early_exit import EarlyExit
+from hfspec.decoding.gamma import FixedGamma
+from hfspec.decoding.loop import DecodeJob, decode
+from hfspec.decoding.scoring import Scorer
+from hfspec.decoding.stopping import Stopper
 from hfspec.drafts import make_draft
 from hfspec.drafts.base import as_draft
-from hfspec.early_exit import EarlyExit
 from hfspec.errors import HfspecError
-from hfspec.gamma import FixedGamma
-from hfspec.scoring import Scorer
-from hfspec.stopping import Stopper
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2"])
@@ -55,7 +55,7 @@ def forced(c_propose: float, c_go_on: float, cls=EarlyExit):
 
 def test_batch_law_with_early_exit(distribution_pair, monkeypatch):  # noqa: F811
     target, draft = distribution_pair
-    monkeypatch.setattr(hfspec.hf, "with_early_exit", forced(0.3, 0.2))
+    monkeypatch.setattr(hfspec.api, "with_early_exit", forced(0.3, 0.2))
     prompt = [0, 3]
     (samples,), stats = run(target, draft, [prompt], gamma=4, seed=11, temperature=1.0, early_exit=True)
     assert len(set(stats.gamma_per_round)) > 1 and max(stats.gamma_per_round) < 4, "the exit must cut rounds"

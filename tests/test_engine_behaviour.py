@@ -175,8 +175,8 @@ def test_stats_formulas_and_consistency(pair):
 def test_auto_gamma_keeps_proposing_when_lookup_finds_no_match_for_a_round(monkeypatch):
     """A round where prompt lookup has no match proposes nothing; that is not the policy choosing plain decoding,
     so the adaptive γ must not learn from it (learning would drop it to γ = 0, decoding plainly until a probe)."""
-    import hfspec.hf
-    from hfspec.gamma import AdaptiveGamma
+    import hfspec.api
+    from hfspec.decoding.gamma import AdaptiveGamma
 
     class Spy(AdaptiveGamma):
         def __init__(self, *args, **kwargs):
@@ -192,7 +192,7 @@ def test_auto_gamma_keeps_proposing_when_lookup_finds_no_match_for_a_round(monke
             super().update(gamma, *rest)
 
     spies = []
-    monkeypatch.setattr(hfspec.hf, "_policy", lambda gamma, stats: spies.append(Spy(c_prior=stats.c_bytes)) or spies[-1])
+    monkeypatch.setattr(hfspec.api, "_policy", lambda gamma, stats: spies.append(Spy(c_prior=stats.c_bytes)) or spies[-1])
     target = build("llama", init=0.2)
     prompt = torch.tensor([[0] + [5, 6, 7, 8] * 6 + [9]])  # repetitive, but its last token never occurred before
     out = hfspec.generate(target, prompt, draft=hfspec.make_draft(target, "lookup"), gamma="auto", temperature=0,
@@ -208,8 +208,8 @@ def test_auto_gamma_keeps_proposing_when_lookup_finds_no_match_for_a_round(monke
 def test_one_constant_bounds_auto_gamma():
     import inspect
 
-    from hfspec.gamma import AdaptiveGamma
-    from hfspec.stats import optimal_gamma
+    from hfspec.decoding.gamma import AdaptiveGamma
+    from hfspec.decoding.stats import optimal_gamma
     from hfspec.validate import AUTO_GAMMA_MAX, GAMMA_MAX
 
     assert AdaptiveGamma().gamma_max == AUTO_GAMMA_MAX <= GAMMA_MAX

@@ -18,8 +18,8 @@ import torch
 from tiny_models import build, perturbed
 
 import hfspec
-import hfspec.scoring as scoring
-from hfspec.exactness import (
+import hfspec.decoding.scoring as scoring
+from hfspec.audit.exactness import (
     NEAR_TIE,
     UNEXPLAINED,
     check_greedy,
@@ -27,7 +27,7 @@ from hfspec.exactness import (
     rounding_difference,
     use_bitwise_verify,
 )
-from hfspec.loading import load_model, load_tokenizer
+from hfspec.io.loading import load_model, load_tokenizer
 
 MICRO = Path(__file__).resolve().parents[1] / "presets" / "models" / "micro"
 TEXTS = ["import os", "This module provides", "Return the", "The function", "When the file"]

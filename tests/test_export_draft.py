@@ -2,7 +2,7 @@
 CPU, compared with hfspec's RTN draft (with the target's own embedding and head, as exported), and used as drafts (hfspec.generate, generate(assistant_model=)).
 
 How close the export can be: hfspec's RTN keeps a float zero per group, compressed-tensors an integer zero point,
-so the export keeps hfspec's step and rounds each weight again on a grid through 0 (`hfspec.export_draft`). The
+so the export keeps hfspec's step and rounds each weight again on a grid through 0 (`hfspec.io.export_draft`). The
 weight-level checks are exact bounds (within half a step, hfspec's own step); at the logit level the export and
 hfspec's draft are two roundings on the same step, so each is as far from the target as the other: the tests
 allow the export 1.3x the reference draft's mean distance, and an 8-bit export must come much closer than a
@@ -20,7 +20,7 @@ import torch
 import hfspec
 from hfspec.cli import main
 from hfspec.errors import HfspecError
-from hfspec.export_draft import EXPORT_BITS, check_exportable, export_draft, pack_to_int32, rtn_dense
+from hfspec.io.export_draft import EXPORT_BITS, check_exportable, export_draft, pack_to_int32, rtn_dense
 
 pytest.importorskip("compressed_tensors")
 

@@ -1,6 +1,6 @@
 """The dashboard, driven for real (pytest-qt, offscreen, waiting on the worker's signals): honest numbers
 (estimate from c_time, equal-length baselines, stop reason, α without post-EOS positions), layout at 1024×700,
-interaction (wheel, preset "custom", auto γ, failed runs), sweep / compare through hfspec.sweep, exports."""
+interaction (wheel, preset "custom", auto γ, failed runs), sweep / compare through hfspec.measure.sweep, exports."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ EOS_PROMPT = "Deprecated since version 3.4."  # the micro model's greedy next to
 
 def _has_preset(name: str) -> bool:
     try:
-        from hfspec.presets import list_presets
+        from hfspec.io.presets import list_presets
 
         return name in list_presets()
     except Exception:  # noqa: BLE001 - presets not there yet

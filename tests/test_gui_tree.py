@@ -17,7 +17,7 @@ from test_gui import _has_preset, _run, session, window  # noqa: E402, F401 - te
 from gui import settings as store  # noqa: E402
 from gui.controls import ControlPanel  # noqa: E402
 from gui.tree_view import TreeView, layout, short  # noqa: E402
-from hfspec.dyntree import RoundTree  # noqa: E402
+from hfspec.decoding.round import RoundTree  # noqa: E402
 from hfspec.errors import HfspecError  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not _has_preset("micro-rtn4"), reason="micro-rtn4 preset absent")

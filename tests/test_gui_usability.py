@@ -30,7 +30,7 @@ from PySide6.QtWidgets import QApplication, QLabel  # noqa: E402
 from test_gui import TIMEOUT_MS, _has_preset, _run, session, window  # noqa: E402, F401 - test_gui's fixtures
 
 from gui import app as gui_app  # noqa: E402
-from hfspec.stats import expected_tokens_per_pass  # noqa: E402
+from hfspec.decoding.stats import expected_tokens_per_pass  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTEFACTS = Path(os.environ.get("HFSPEC_TEST_ARTEFACTS", ROOT / "tests" / "artefacts"))
@@ -390,7 +390,7 @@ def test_the_dark_theme_follows_the_system(qtbot, window, monkeypatch):
 
 
 def test_a_bf16_target_says_what_exact_means(qtbot, window):
-    exactness = pytest.importorskip("hfspec.exactness")
+    exactness = pytest.importorskip("hfspec.audit.exactness")
     window.controls.dtype.setCurrentIndex(window.controls.dtype.findData("bfloat16"))
     window.controls.max_new_tokens.setValue(4)
     _run(qtbot, window)

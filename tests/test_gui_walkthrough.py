@@ -107,7 +107,7 @@ def test_the_shown_line_has_the_prompt_and_the_banner_the_forms_labels(qtbot, wi
 
 
 def test_the_bf16_advice_names_the_dashboards_precision_box(qtbot, window, monkeypatch):
-    from hfspec import verify_cost
+    from hfspec.measure import verify_cost
 
     monkeypatch.setattr(verify_cost, "verify_ratio", lambda stats, baseline: 2.5)  # as on a slow fp32 CPU
     window.controls.max_new_tokens.setValue(4)

@@ -11,12 +11,12 @@ from laws import WRONG_RULES
 from tiny_models import build
 
 import hfspec
-import hfspec.sampling as sampling
+import hfspec.decoding.sampling as sampling
 from hfspec.drafts import describe, make_draft
 from hfspec.drafts.fidelity import fidelity, probe_ids
-from hfspec.drafts.lean import HEAD_FLOAT_BELOW, HEAD_TOP
 from hfspec.errors import HfspecError
-from hfspec.loading import load_model
+from hfspec.io.loading import load_model
+from hfspec.kernels.lean import HEAD_FLOAT_BELOW, HEAD_TOP
 
 MICRO = Path(__file__).resolve().parents[1] / "presets" / "models" / "micro"
 
@@ -144,7 +144,7 @@ def test_negative_control_wrong_rule_with_a_rescored_draft_fails(rescored_pair, 
 
 @pytest.mark.slow
 def test_a_compiled_step_rescores_its_head_as_the_eager_step_does(tmp_path, monkeypatch):
-    from hfspec.drafts import compiled
+    from hfspec.kernels import compiled
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setattr(compiled, "COMPILE_DIR", tmp_path)  # never the user's ~/.cache
@@ -196,7 +196,7 @@ def test_a_bad_top_spec_is_refused_naming_it(bad, says):
 
 
 def test_export_refuses_a_top_spec():
-    from hfspec.export_draft import check_exportable
+    from hfspec.io.export_draft import check_exportable
 
     with pytest.raises(HfspecError, match="rtn4-g32-top0 cannot be exported: -topK"):
         check_exportable("rtn4-top0")

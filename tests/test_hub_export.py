@@ -131,16 +131,16 @@ def test_bad_spec_and_gamma_are_clear_errors(micro, folder):
 
 
 def test_draft_built_once_across_calls(micro, folder, monkeypatch):
-    import hfspec.drafts
+    import hfspec.hub_export
 
     model, tok = micro
-    real, built = hfspec.drafts.make_draft, []
+    real, built = hfspec.hub_export.make_draft, []
 
     def counting(target, spec, **options):
         built.append(spec)
         return real(target, spec, **options)
 
-    monkeypatch.setattr(hfspec.drafts, "make_draft", counting)
+    monkeypatch.setattr(hfspec.hub_export, "make_draft", counting)  # the name hub_generate calls
     ids = _ids(tok)
     first = _hub(model, ids, folder, draft="rtn4", do_sample=False)
     second = _hub(model, ids, folder, draft="rtn4-g32", do_sample=False)  # the same draft, spelled out

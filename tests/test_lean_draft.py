@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 
 import hfspec
 from hfspec.drafts import make_draft
-from hfspec.drafts.lean import LeanDecoder, lean_reason
+from hfspec.kernels.lean import LeanDecoder, lean_reason
 
 LEAN_FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3"]
 MICRO = Path(__file__).resolve().parents[1] / "presets" / "models" / "micro"

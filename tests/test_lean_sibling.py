@@ -7,9 +7,9 @@ from tiny_models import build_family
 
 import hfspec
 from hfspec.drafts.base import as_draft
-from hfspec.drafts.lean import LeanRunner, lean_step_of
-from hfspec.kv_model import CachedModel
-from hfspec.slots import Slots
+from hfspec.kernels.kv_model import CachedModel
+from hfspec.kernels.lean import LeanRunner, lean_step_of
+from hfspec.kernels.slots import Slots
 
 LEAN_FAMILIES = ["llama", "qwen2", "qwen3", "gemma", "gemma3", "phi3"]
 

@@ -1,4 +1,4 @@
-"""hfspec.loading: local folders, GGUF files, hub ids (offline), validation, offloaded targets."""
+"""hfspec.io.loading: local folders, GGUF files, hub ids (offline), validation, offloaded targets."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hfspec.errors import HfspecError
-from hfspec.loading import load_model, load_tokenizer, parse_device, parse_dtype, resolve_source
+from hfspec.io.loading import load_model, load_tokenizer, parse_device, parse_dtype, resolve_source
 
 REPO = Path(__file__).resolve().parents[1]
 STORIES = REPO.parent / "shared" / "models" / "stories260K"
@@ -295,7 +295,7 @@ def test_hub_id_offline_and_uncached_is_a_clear_error(tmp_path):
     code = """
 import sys
 from hfspec.errors import HfspecError
-from hfspec.loading import load_model, load_tokenizer
+from hfspec.io.loading import load_model, load_tokenizer
 for call in (lambda: load_model("hfspec-test/no-such-model", role="target"),
              lambda: load_tokenizer("hfspec-test/no-such-model", role="draft"),
              lambda: load_model("hfspec-test/repo/file.Q4_0.gguf", role="target")):
@@ -475,7 +475,7 @@ def test_max_memory_implies_auto_map_with_disk_offload(tiny_folder, tmp_path):
     assert torch.equal(model.generate(ids, do_sample=False, max_new_tokens=20), expected)
 
 
-@pytest.mark.skipif(not (REPO / "hfspec" / "hf.py").exists(), reason="engine (hfspec/hf.py) not written yet")
+@pytest.mark.skipif(not (REPO / "hfspec" / "api.py").exists(), reason="engine (hfspec/api.py) not written yet")
 def test_disk_offloaded_target_speculative_greedy_identity(tiny_folder, tmp_path):
     import hfspec
 

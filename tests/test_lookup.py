@@ -11,7 +11,7 @@ from laws import WRONG_RULES, exact_law, p_value
 from tiny_models import build
 
 import hfspec
-import hfspec.sampling as sampling
+import hfspec.decoding.sampling as sampling
 from hfspec.drafts import describe, make_draft, registry, weight_bytes
 from hfspec.drafts.lookup import propose_tokens
 from hfspec.errors import HfspecError

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from hfspec import report
+from hfspec.decoding.stats import SpecStats
 from hfspec.measure import (
     MachineState,
     implausible,
@@ -19,7 +20,6 @@ from hfspec.measure import (
     outliers,
     speedup_bound,
 )
-from hfspec.stats import SpecStats
 
 QUIET = MachineState(cores=2, load_avg=0.3, freq_mhz=2400.0, cpu_seconds={}, at=0.0)
 

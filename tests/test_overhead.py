@@ -7,8 +7,8 @@ from scipy.stats import chisquare
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers.generation import logits_process as lp
 
-from hfspec.sampling import first_argmax, kth_largest, sample, verify
-from hfspec.scoring import Scorer, _FastTopK
+from hfspec.decoding.sampling import first_argmax, kth_largest, sample, verify
+from hfspec.decoding.scoring import Scorer, _FastTopK
 
 NEG = -float("inf")
 

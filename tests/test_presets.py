@@ -8,15 +8,8 @@ from pathlib import Path
 import pytest
 
 from hfspec.errors import HfspecError
-from hfspec.presets import (
-    ALLOWED_KEYS,
-    DEFAULT_PRESET,
-    Preset,
-    list_presets,
-    load_preset,
-    preset_from_dict,
-    presets_dir,
-)
+from hfspec.io.presets import ALLOWED_KEYS, DEFAULT_PRESET, list_presets, presets_dir
+from hfspec.settings import Preset, load_preset, preset_from_dict
 
 REPO_PRESETS = Path(__file__).resolve().parents[1] / "presets"
 REQUIRED_NAMES = {
@@ -171,12 +164,12 @@ def test_defaults_for_optional_keys():
 
 
 def test_top_k_zero_means_no_top_k_warper(monkeypatch):
-    import hfspec.hf
+    import hfspec.api
     from hfspec.session import RunSettings, Session
 
     seen = []
-    real = hfspec.hf.Scorer
-    monkeypatch.setattr(hfspec.hf, "Scorer", lambda procs, *a: seen.append([type(p).__name__ for p in procs])
+    real = hfspec.api.Scorer
+    monkeypatch.setattr(hfspec.api, "Scorer", lambda procs, *a: seen.append([type(p).__name__ for p in procs])
                         or real(procs, *a))
     settings = RunSettings.from_preset("micro-rtn4", measure_baseline=False, max_new_tokens=4)
     Session().run(settings)

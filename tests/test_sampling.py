@@ -2,7 +2,7 @@
 
 import torch
 
-from hfspec.sampling import count_accepted, residual, verify, warp
+from hfspec.decoding.sampling import count_accepted, residual, verify, warp
 
 NEG = -float("inf")
 
@@ -78,7 +78,7 @@ def test_warp_matches_transformers_warpers():
 def test_sample_matches_the_distribution_and_never_draws_zero_mass():
     from scipy.stats import chisquare
 
-    from hfspec.sampling import sample
+    from hfspec.decoding.sampling import sample
 
     probs = torch.tensor([[0.0, 0.1, 0.0, 0.6, 0.3, 0.0]]).expand(60000, 6)
     tokens = sample(probs, torch.Generator().manual_seed(1))

@@ -12,7 +12,7 @@ from hfspec.cli import main
 from hfspec.drafts.fidelity import fidelity
 from hfspec.drafts.sensitivity import check_arguments, sensitivity, units_of
 from hfspec.errors import HfspecError
-from hfspec.loading import load_model
+from hfspec.io.loading import load_model
 from hfspec.quant import groupwise
 from hfspec.quant.calibrate import self_samples
 

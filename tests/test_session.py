@@ -1,5 +1,5 @@
 """hfspec.session (the dashboard's model side, no Qt): draft specs through the registry, live data, runs with
-equal-length baselines measured beside them, stop reasons, and sweep / compare through hfspec.sweep."""
+equal-length baselines measured beside them, stop reasons, and sweep / compare through hfspec.measure.sweep."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 
 import hfspec
 import hfspec.session as session_module
-from hfspec import measure
 from hfspec.drafts import registry
 from hfspec.errors import HfspecError
+from hfspec.measure import ruler as measure  # `outliers` as the ruler reads it
 from hfspec.session import (
     Cancelled,
     IncrementalDecoder,
@@ -29,7 +29,7 @@ from hfspec.session import (
 )
 from hfspec.validate import GAMMA_MAX
 
-presets = pytest.importorskip("hfspec.presets")
+presets = pytest.importorskip("hfspec.io.presets")
 NANO = Path(__file__).resolve().parents[1] / "presets" / "models" / "nano"
 EOS_PROMPT = "Deprecated since version 3.4."  # the micro model's greedy next token here is </s>
 

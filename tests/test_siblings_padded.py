@@ -16,7 +16,7 @@ from tokenizers.models import WordLevel
 from transformers import PreTrainedTokenizerFast
 
 import hfspec
-import hfspec.sampling as sampling
+import hfspec.decoding.sampling as sampling
 from hfspec.errors import HfspecError
 
 V, PADDED, NEW, ROWS = 8, 16, 2, 20_000

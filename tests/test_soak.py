@@ -24,7 +24,7 @@ def resident_bytes() -> int:
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads RSS from /proc (Linux)")
 def test_two_hundred_session_runs_keep_memory_flat():
-    presets = pytest.importorskip("hfspec.presets")
+    presets = pytest.importorskip("hfspec.io.presets")
     if "micro-rtn4" not in presets.list_presets():
         pytest.skip("micro-rtn4 preset absent")
     session = Session()

@@ -13,12 +13,12 @@ from test_costmodel import MS, record, stats_with
 
 import hfspec
 from hfspec import compat, report
+from hfspec.decoding.stats import SpecStats, expected_tokens_per_pass, paper_speedup
 from hfspec.live import LiveSnapshot
 from hfspec.measure import Measurement, predicted_speedup
-from hfspec.results import CompareRow, RunResult, SweepResult
+from hfspec.measure.results import CompareRow, RunResult, SweepResult
+from hfspec.measure.sweep import FIELDS, SweepRow
 from hfspec.settings import RunSettings
-from hfspec.stats import SpecStats, expected_tokens_per_pass, paper_speedup
-from hfspec.sweep import FIELDS, SweepRow
 
 OLD_WORDS = ("estimated", "est.", "weight-bound ideal")  # the words the four names replaced
 
@@ -60,7 +60,7 @@ def _old(expect_new: str):
 def test_old_functions_give_the_papers_formula_and_warn(old):
     new = getattr(hfspec, compat.FUNCTIONS[old][2])
     assert new is paper_speedup
-    for where in (hfspec.stats, compat) + ((hfspec,) if old == "estimated_speedup" else ()):
+    for where in (hfspec.decoding.stats, compat) + ((hfspec,) if old == "estimated_speedup" else ()):
         for args in ((0.5, 2, 0.25), (0.9, 7, 0.1), (1.0, 3, 0.3), (0.7, [0, 2, 4, 4], 0.2)):
             with _old(r"use hfspec\.paper_speedup"):
                 value = getattr(where, old)(*args)
@@ -69,7 +69,7 @@ def test_old_functions_give_the_papers_formula_and_warn(old):
 
 def test_estimated_speedup_still_imports_from_hfspec():
     from hfspec import estimated_speedup  # noqa: F401 - the import itself is the test
-    from hfspec.stats import speedup_ignoring_verify_and_overhead  # noqa: F401
+    from hfspec.decoding.stats import speedup_ignoring_verify_and_overhead  # noqa: F401
 
     assert "estimated_speedup" in hfspec.__all__ and "paper_speedup" in hfspec.__all__
 
@@ -183,7 +183,7 @@ def test_sweep_and_compare_files_with_the_old_keys_open_in_the_dashboard():
 def test_the_cli_report_says_the_four_names():
     s = _stats()
     m = _measurement(s)
-    from hfspec.results import Baseline
+    from hfspec.measure.results import Baseline
 
     lines = report.stats_lines(s, Baseline.of(m), m.measured_speedup, m)
     by_name = {line.split("  ")[0]: line for line in lines}

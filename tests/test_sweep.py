@@ -1,4 +1,4 @@
-"""hfspec.sweep, the one engine of the CLI's and the dashboard's sweeps: fixed length, baselines measured beside
+"""hfspec.measure.sweep, the one engine of the CLI's and the dashboard's sweeps: fixed length, baselines measured beside
 each run (interleaved, never cached), statistics over repeats, the estimate from c_time, stop."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import torch
 from tiny_models import build, perturbed
 
 import hfspec
-from hfspec import measure
-from hfspec import sweep as engine
-from hfspec.costmodel import predict
-from hfspec.stats import expected_tokens_per_pass, paper_speedup
+from hfspec.decoding.costmodel import predict
+from hfspec.decoding.stats import expected_tokens_per_pass, paper_speedup
+from hfspec.measure import ruler as measure  # `outliers` as the ruler reads it
+from hfspec.measure import sweep as engine
 from hfspec.validate import GAMMA_MAX
 
 N = 6  # new tokens per run
@@ -46,8 +46,8 @@ def calls(monkeypatch):
         log.append(("plain", kwargs.get("seed"), out.stats))
         return out
 
-    monkeypatch.setattr(hfspec, "generate", spy_generate)
-    monkeypatch.setattr(hfspec, "plain_generate", spy_plain)
+    monkeypatch.setattr(engine, "generate", spy_generate)  # the name the sweep calls
+    monkeypatch.setattr(engine, "plain_generate", spy_plain)
     # the calls are counted exactly: no outlier re-measurement on this shared machine (tests/test_measure.py
     # covers it with synthetic timings)
     monkeypatch.setattr(measure, "outliers", lambda values, z=0: [False] * len(values))

@@ -9,18 +9,18 @@ from transformers import LogitsProcessorList
 from transformers.generation import logits_process as lp
 
 import hfspec
-import hfspec.sampling as sampling
-import hfspec.tree as tree_module
-from hfspec import cache as kv
-from hfspec.decoding import DecodeJob, decode
+import hfspec.decoding.sampling as sampling
+import hfspec.decoding.siblings as tree_module
+from hfspec.decoding.gamma import FixedGamma
+from hfspec.decoding.loop import DecodeJob, decode
+from hfspec.decoding.scoring import Scorer
+from hfspec.decoding.siblings import Tree, feed_tree
+from hfspec.decoding.stopping import Stopper
 from hfspec.drafts.base import as_draft
 from hfspec.errors import HfspecError
-from hfspec.gamma import FixedGamma
-from hfspec.kv_model import CachedModel
-from hfspec.scoring import Scorer
-from hfspec.slots import Slots
-from hfspec.stopping import Stopper
-from hfspec.tree import Tree, feed_tree
+from hfspec.kernels import cache as kv
+from hfspec.kernels.kv_model import CachedModel
+from hfspec.kernels.slots import Slots
 
 IDS = torch.tensor([[0, 5, 17, 33, 9]])
 
@@ -44,7 +44,7 @@ def test_slots_hold_the_accepted_text_after_every_tree_round():
     up from them), including rounds that kept a sibling."""
     from transformers.generation import LogitsProcessorList as Processors
 
-    from hfspec.decoding import _Run, commit, propose, settle, verify_proposal
+    from hfspec.decoding.loop import _Run, commit, propose, settle, verify_proposal
 
     target = build("llama", init=0.2)
     draft = perturbed(target, scale=0.5)
@@ -54,7 +54,7 @@ def test_slots_hold_the_accepted_text_after_every_tree_round():
     kept = 0
     with torch.no_grad():
         run = _Run(target, as_draft(draft), IDS, None, job)
-        meter = getattr(run, "meter", None)  # the loop's round timer (hfspec.costmodel), driven as decode does
+        meter = getattr(run, "meter", None)  # the loop's round timer (hfspec.decoding.costmodel), driven as decode does
         while run.active:
             if meter is not None:
                 meter.begin(len(run.active))

@@ -11,8 +11,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-import hfspec.sampling as sampling
-from hfspec.sampling import draw_siblings, sibling_chances, verify_tree, verify_tree_greedy
+import hfspec.decoding.sampling as sampling
+from hfspec.decoding.sampling import draw_siblings, sibling_chances, verify_tree, verify_tree_greedy
 
 
 def dist(*values):

@@ -27,12 +27,16 @@ def _hide(monkeypatch, *modules):
 
 
 def _no_model_loads(monkeypatch):
-    import hfspec.loading
+    import hfspec.io.loading
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the error")
 
-    monkeypatch.setattr(hfspec.loading, "load_model", refuse)
+    real = hfspec.io.loading.load_model
+    monkeypatch.setattr(hfspec.io.loading, "load_model", refuse)
+    for module in [m for name, m in sys.modules.items() if name.startswith("hfspec.")]:  # imported by name too
+        if getattr(module, "load_model", None) is real:
+            monkeypatch.setattr(module, "load_model", refuse)
 
 
 # ------------------------------------------------------------------------------------- optional extras
@@ -71,8 +75,8 @@ def test_export_draft_without_the_export_extra_names_it_before_loading(tmp_path,
 def test_export_draft_api_and_loading_back_without_compressed_tensors(tmp_path, monkeypatch):
     from tiny_models import build
 
-    from hfspec.export_draft import export_draft
-    from hfspec.pack_quantized import load_export, quantization_config
+    from hfspec.io.export_draft import export_draft
+    from hfspec.io.pack_quantized import load_export, quantization_config
 
     _hide(monkeypatch, "compressed_tensors")
     for call in (lambda: export_draft(build("llama"), "rtn4", tmp_path / "out"),
@@ -97,7 +101,7 @@ def test_bnb_draft_without_bitsandbytes_names_the_extra_cli_and_api(capsys, monk
 
 
 def test_gguf_target_without_gguf_names_the_extra(tmp_path, monkeypatch):
-    from hfspec.loading import load_model
+    from hfspec.io.loading import load_model
 
     (tmp_path / "model.gguf").write_bytes(b"GGUF")
     _hide(monkeypatch, "gguf")
@@ -124,7 +128,7 @@ def test_gui_without_pyside6_names_the_extra(capsys, monkeypatch):
 
 # ------------------------------------------------------------------------------------- name too long
 def test_a_target_name_over_255_bytes_is_an_error_naming_target_before_loading(tmp_path, capsys, monkeypatch):
-    from hfspec.loading import load_model
+    from hfspec.io.loading import load_model
     from hfspec.session import RunSettings
 
     for target in (f"/tmp/{LONG}", str(tmp_path / LONG / "model"), f"{LONG}.gguf"):
@@ -170,7 +174,8 @@ def test_hfspec_gui_threads_is_accepted_and_sets_torchs_threads(monkeypatch):
 def test_a_compile_cache_hit_does_not_say_the_first_time_takes_a_while(tmp_path, monkeypatch):
     from tiny_models import build
 
-    from hfspec.drafts import compiled, make_draft
+    from hfspec.drafts import make_draft
+    from hfspec.kernels import compiled
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setattr(compiled, "COMPILE_DIR", tmp_path)

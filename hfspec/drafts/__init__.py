@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from hfspec.drafts import registry
+from hfspec.drafts import bnb, calibrated, lookup, registry, rtn, sibling
 from hfspec.drafts.base import Draft, ModelDraft, NoDraft, as_draft
 from hfspec.drafts.cost import CostReport, measure_cost, weight_bytes
 from hfspec.drafts.fidelity import fidelity, warn_if_unfaithful
@@ -16,8 +16,11 @@ from hfspec.drafts.registry import DraftSpec
 from hfspec.drafts.registry import parse as parse_draft_spec
 from hfspec.drafts.sibling import check_same_tokenizer, check_sibling, load_sibling
 from hfspec.errors import HfspecError
+from hfspec.quant.swap import summary
 
-registry.load_builtin()
+# The modules of the built-in kinds, each defining `KIND`, in display order (a kind naming a model goes last).
+BUILTIN = (rtn, calibrated, bnb, lookup, sibling)
+registry.load_builtin(module.KIND for module in BUILTIN)
 
 __all__ = [
     "ALLOWED",
@@ -72,8 +75,6 @@ def make_draft(target: nn.Module, spec, **options) -> nn.Module:
 
 def describe(draft) -> dict:
     """How a draft runs: its kind, label, the path of its decode step and, for quantised layers, each layer's."""
-    from hfspec.quant.swap import summary
-
     label = getattr(draft, "hfspec_draft_spec", None) or type(draft).__name__
     step = getattr(draft, "hfspec_step_path", None) or "Hugging Face forward"
     return {"label": label, "step": step, "layers": summary(draft) if isinstance(draft, nn.Module) else {}}

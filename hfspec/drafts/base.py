@@ -18,7 +18,10 @@ from typing import Protocol
 
 import torch
 
-from hfspec.slots import Slots
+from hfspec.kernels.kv_model import CachedModel
+from hfspec.kernels.lean import LeanDecoder, LeanRunner, lean_step_of
+from hfspec.kernels.slots import Slots
+from hfspec.validate import vocab_size
 
 # pick(logits [B, 1, V'], x_so_far [B, j]) -> (x_j [B], q_j [B, V] or None when greedy)
 Pick = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
@@ -41,7 +44,7 @@ class Draft(Protocol):
         """Drop finished rows."""
 
     def attach(self, target_runner) -> None:
-        """Given the target's runner (`feed`/`rollback`/`keep_rows`, see `hfspec.kv_model.CachedModel`) before the
+        """Given the target's runner (`feed`/`rollback`/`keep_rows`, see `hfspec.kernels.kv_model.CachedModel`) before the
         first round. Optional: `attach_draft` skips drafts without it."""
 
 
@@ -91,7 +94,7 @@ class ModelDraft:
         return self.runner.positions_fed
 
     def propose(self, slots: Slots, gamma: int, pick: Pick, decide=None):
-        """`decide(j, logits, x_j, q_j) -> (propose x_j, go on)`: an early exit (`hfspec.early_exit`), or None."""
+        """`decide(j, logits, x_j, q_j) -> (propose x_j, go on)`: an early exit (`hfspec.decoding.early_exit`), or None."""
         start = slots.size
         xs, qs = [], []
         for j in range(gamma):
@@ -121,18 +124,16 @@ class ModelDraft:
 
 
 def as_draft(model, vocab: int | None = None) -> Draft:
-    """The `Draft` for a draft model: its own (`model.hfspec_draft(vocab)`) when it has one, else the lean step
-    of its float weights when its family allows (`hfspec.drafts.lean.lean_step_of`), else the HF forward with a
-    KV cache. None gives plain decoding."""
+    """The `Draft` for a draft model: its own (`model.hfspec_draft(vocab)`) when it has one, a lean decoder's own
+    steps called directly (no module call, no keywords), else the lean step of its float weights when its family
+    allows (`hfspec.kernels.lean.lean_step_of`), else the HF forward with a KV cache. None gives plain decoding."""
     if model is None:
         return NoDraft()
     own = getattr(model, "hfspec_draft", None)
     if callable(own):
         return own(vocab)
-    from hfspec.drafts.lean import LeanRunner, lean_step_of
-    from hfspec.kv_model import CachedModel
-    from hfspec.validate import vocab_size
-
+    if isinstance(model, LeanDecoder):
+        return ModelDraft(LeanRunner(model), vocab)
     # A padded target can write ids the draft has no row for: the draft reads a stand-in (its last row), which
     # changes only what it proposes, never what is accepted.
     rows = vocab_size(model) if vocab is not None else None

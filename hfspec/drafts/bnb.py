@@ -13,6 +13,7 @@ from torch import nn
 
 from hfspec.drafts.registry import DraftKind, DraftSpec, Field, fail
 from hfspec.errors import HfspecError
+from hfspec.extras import require_extra
 from hfspec.quant.known_layers import LINEAR, check_forward, layer_kind
 from hfspec.quant.swap import as_linear_weight, copy_skeleton, weight_matrices
 
@@ -21,8 +22,6 @@ LLM_INT8_THRESHOLD = 6.0  # BitsAndBytesConfig's default
 
 
 def _import_bnb():
-    from hfspec.extras import require_extra
-
     require_extra("bnb", "draft", "a bnb-* draft (bitsandbytes layers; without it: rtn2..rtn8[-gN], or a model "
                   "folder / hub id)")
     import bitsandbytes

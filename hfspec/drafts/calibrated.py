@@ -25,9 +25,10 @@ import torch
 from torch import nn
 
 from hfspec.drafts.registry import DraftKind, DraftSpec
-from hfspec.drafts.rtn import GroupSpecs
+from hfspec.drafts.rtn import GroupSpecs, make_rtn_draft
 from hfspec.errors import HfspecError
 from hfspec.quant.calibrate import Calibration, Coded, calibrate, calibration_matrices
+from hfspec.quant.packing import pack_rows, unpack_rows
 
 GPTQ_BITS = (2, 8)
 FORMAT = 1  # the cache file's layout and the algorithm's version: a change makes older entries unused
@@ -89,8 +90,6 @@ def _write(path: Path, model: nn.Module, codes: dict[str, Coded], bits: int, gro
     """Write the codes (packed at `bits`) to a temporary file beside `path`, then rename it into place."""
     from safetensors.torch import save_file
 
-    from hfspec.quant.packing import pack_rows
-
     owner: dict[int, str] = {}
     for name, coded in codes.items():
         owner.setdefault(id(coded), name)
@@ -115,8 +114,6 @@ def _write(path: Path, model: nn.Module, codes: dict[str, Coded], bits: int, gro
 def _read(path: Path, model: nn.Module, names: list[str], bits: int, group_size: int) -> dict[str, Coded]:
     from safetensors import safe_open
 
-    from hfspec.quant.packing import unpack_rows
-
     with safe_open(str(path), "pt") as f:
         meta = f.metadata() or {}
         if meta.get("format") != str(FORMAT) or meta.get("bits") != str(bits) or meta.get("group_size") != str(group_size):
@@ -138,8 +135,6 @@ def make_calibrated_draft(target: nn.Module, bits: int, group_size: int, compile
                           calibration: Calibration | None = None) -> nn.Module:
     """A draft of `target` with GPTQ codes at `bits` in groups of `group_size` (see the module docstring); the
     step and its options are `hfspec.drafts.rtn.make_rtn_draft`'s."""
-    from hfspec.drafts.rtn import make_rtn_draft
-
     if any(p.device.type == "meta" for p in target.parameters()):
         raise HfspecError("draft: a calibrated draft needs the target's weights in memory (offloaded weights are "
                           "on the meta device); allowed: rtnB drafts for offloaded targets")

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from hfspec import cache as kv
+from hfspec.kernels import cache as kv
 
 
 def _held_tensors(model: nn.Module):

@@ -17,8 +17,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from hfspec import cache
 from hfspec.errors import bad_value
+from hfspec.kernels import cache
 from hfspec.validate import vocab_size
 
 PROBE_TOKENS = 16  # tokens the target writes greedily from its BOS for `warn_if_unfaithful`

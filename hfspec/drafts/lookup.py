@@ -27,7 +27,8 @@ from torch import nn
 from hfspec.drafts.base import Pick
 from hfspec.drafts.registry import DraftKind, DraftSpec, Field, fail
 from hfspec.errors import bad_value
-from hfspec.slots import Slots
+from hfspec.kernels.slots import Slots
+from hfspec.validate import vocab_size
 
 DEFAULT_NGRAM = 3
 NGRAMS = (1, 8)
@@ -140,8 +141,6 @@ def _parse(text: str, low: str) -> DraftSpec | None:
 
 
 def _build(target, spec: DraftSpec, options: dict) -> PromptLookup:
-    from hfspec.validate import vocab_size
-
     config = target.config
     width = vocab_size(target)
     if getattr(config, "vocab_size", None) != width:  # a padded head: the draft must read as the same width

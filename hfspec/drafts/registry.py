@@ -5,7 +5,8 @@ says everything about itself in one module, as its `KIND`:
 
     KIND = DraftKind(name="lookup", title="prompt lookup (n-gram copy)", parse=..., build=..., fields=...)
 
-and the built-in kinds are the modules listed in `BUILTIN`. A kind defined elsewhere (a plug-in, a test) is
+and the built-in kinds are the modules listed in `hfspec.drafts.BUILTIN` (the package imports them and
+registers their kinds; the registry imports no kind). A kind defined elsewhere (a plug-in, a test) is
 one `register(DraftKind(...))` call.
 
 A kind's `fields` describe its parameters for forms (the dashboard builds its widgets from them);
@@ -14,7 +15,6 @@ A kind's `fields` describe its parameters for forms (the dashboard builds its wi
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -90,16 +90,12 @@ class DraftKind:
     examples: tuple[str, ...] = ()
 
 
-# The modules of the built-in kinds, each defining `KIND`, in display order (a kind naming a model goes last).
-BUILTIN = ("hfspec.drafts.rtn", "hfspec.drafts.calibrated", "hfspec.drafts.bnb", "hfspec.drafts.lookup", "hfspec.drafts.sibling")
-
 KINDS: dict[str, DraftKind] = {}
 
 
 def register(kind: DraftKind) -> DraftKind:
     """Add a draft kind after the built-in ones (kinds that name a model stay last: they catch every folder
     and hub id)."""
-    _ensure_builtin()
     KINDS[kind.name] = kind
     for name in [k.name for k in KINDS.values() if k.names_model and k.name != kind.name]:
         KINDS[name] = KINDS.pop(name)
@@ -118,7 +114,6 @@ def model_kind() -> DraftKind:
 
 def allowed() -> str:
     """The allowed spellings of every kind, for error messages."""
-    _ensure_builtin()
     parts = [k.allowed for k in KINDS.values()]
     return ", ".join(parts[:-1]) + (", or " if len(parts) > 1 else "") + parts[-1]
 
@@ -129,7 +124,6 @@ def fail(why: str) -> HfspecError:
 
 def parse(spec) -> DraftSpec:
     """Read a draft spec (string, path or model); raise HfspecError naming the field and the allowed specs."""
-    _ensure_builtin()
     if isinstance(spec, DraftSpec):
         return spec
     if isinstance(spec, nn.Module):
@@ -154,13 +148,11 @@ def kind_of(spec) -> DraftKind | None:
 
 def choices() -> list[DraftKind]:
     """Registered kinds in display order."""
-    _ensure_builtin()
     return list(KINDS.values())
 
 
 def spec_of(kind: str, values: dict) -> str:
     """The spec string for a form's values of `kind` (checked by parsing it)."""
-    _ensure_builtin()
     if kind not in KINDS:
         raise HfspecError(f"draft kind: got {kind!r}; allowed: {', '.join(KINDS)}")
     entry = KINDS[kind]
@@ -183,24 +175,12 @@ def fields_of(spec: str) -> dict:
     return out
 
 
-_LOADED = False
-
-
-def load_builtin() -> None:
-    """Register the built-in kinds (once), in `BUILTIN`'s order, ahead of any kind registered earlier;
-    `hfspec.drafts` calls it on import."""
-    _ensure_builtin()
-
-
-def _ensure_builtin() -> None:
-    global _LOADED
-    if _LOADED:
-        return
-    _LOADED = True
+def load_builtin(kinds) -> None:
+    """Register the built-in kinds (`hfspec.drafts.BUILTIN`, which `hfspec.drafts` passes on import), in that
+    order, ahead of any kind registered earlier."""
     added = dict(KINDS)
     KINDS.clear()
-    for module in BUILTIN:
-        kind = importlib.import_module(module).KIND
+    for kind in kinds:
         KINDS[kind.name] = kind
     for kind in added.values():
         register(kind)

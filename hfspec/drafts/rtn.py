@@ -1,8 +1,8 @@
 """The RTN draft kind: a round-to-nearest copy of the target in groups (`rtn4`, `rtn3-g64`, `rtn4-compiled`,
 `rtn4-top0`: `-topK` sets how many of the quantised head's largest logits the lean step re-scores, `head_top`).
 
-It takes a lean decode step of its own where the family allows it (`hfspec.drafts.lean`, optionally compiled by
-`hfspec.drafts.compiled`), else the HF forward over swapped quantised modules (any architecture).
+It takes a lean decode step of its own where the family allows it (`hfspec.kernels.lean`, optionally compiled by
+`hfspec.kernels.compiled`), else the HF forward over swapped quantised modules (any architecture).
 """
 
 from __future__ import annotations
@@ -11,14 +11,18 @@ import re
 
 from torch import nn
 
+from hfspec.drafts.fidelity import warn_if_unfaithful
 from hfspec.drafts.registry import DraftKind, DraftSpec, Field, fail
 from hfspec.errors import HfspecError
+from hfspec.io import memory
+from hfspec.kernels.lean import HEAD_TOP_MAX, LeanDecoder, lean_reason
+from hfspec.quant.swap import quantize_model
 
 DEFAULT_GROUP_SIZE = 32
 RTN_BITS = (2, 8)
 GROUP_SIZES = (8, 8192)
 STEPS = ("eager", "compiled")  # how an RTN draft's lean one-token step runs
-HEAD_DEFAULT = "default"  # the form's head_top value for no -topK: the draft's own choice (`hfspec.drafts.lean`)
+HEAD_DEFAULT = "default"  # the form's head_top value for no -topK: the draft's own choice (`hfspec.kernels.lean`)
 
 
 def make_rtn_draft(target: nn.Module, bits: int, group_size: int, fused: bool | None = None,
@@ -26,19 +30,15 @@ def make_rtn_draft(target: nn.Module, bits: int, group_size: int, fused: bool | 
                    head_top: int | None = None, codes: dict | None = None) -> nn.Module:
     """RTN copy of `target` at `bits` in groups of `group_size`.
 
-    lean: None (default) takes the lean step (`hfspec.drafts.lean`) when the family is supported and the weights
+    lean: None (default) takes the lean step (`hfspec.kernels.lean`) when the family is supported and the weights
     are on the CPU; True requires it (error naming why not); False keeps the HF forward. fused applies to the
     HF-forward path only (the int4 kernel where a layer allows it). compiled: also compile the lean one-token
-    step (`hfspec.drafts.compiled`; needs the lean step), reporting through `progress(message)`.
+    step (`hfspec.kernels.compiled`; needs the lean step), reporting through `progress(message)`.
     head_top: on the lean step, how many of the quantised head's largest logits are re-scored with the target's
-    own head rows (default `hfspec.drafts.lean.HEAD_TOP`; 0 keeps the quantised head's logits as they are).
+    own head rows (default `hfspec.kernels.lean.HEAD_TOP`; 0 keeps the quantised head's logits as they are).
     codes: id(float weight) -> `hfspec.quant.calibrate.Coded`, codes at `bits` / `group_size` used instead of
     RTN's for those weights (a calibrated draft, `hfspec.drafts.calibrated`).
     """
-    from hfspec import memory
-    from hfspec.drafts.lean import HEAD_TOP_MAX, LeanDecoder, lean_reason
-    from hfspec.quant.swap import quantize_model
-
     if head_top is not None and (isinstance(head_top, bool) or not isinstance(head_top, int)
                                  or not 0 <= head_top <= HEAD_TOP_MAX):
         raise HfspecError(f"draft option head_top: got {head_top!r}; allowed: an integer 0..{HEAD_TOP_MAX} "
@@ -98,8 +98,6 @@ class GroupSpecs:
             raise fail(f"group size must be {GROUP_SIZES[0]}..{GROUP_SIZES[1]}, got {group}")
         params = ()
         if match.group(3) is not None:
-            from hfspec.drafts.lean import HEAD_TOP_MAX
-
             top = int(match.group(3))
             if top > HEAD_TOP_MAX:
                 raise fail(f"-topK (head logits re-scored) must be 0..{HEAD_TOP_MAX}, got {top}")
@@ -137,10 +135,11 @@ class GroupSpecs:
         """A lean draft has no `generate`: HF assisted generation runs its HF-forward copy (no compiled step)."""
         if callable(getattr(draft, "generate", None)):
             return None
-        from hfspec.drafts import make_draft
-
         eager = DraftSpec(spec.kind, bits=spec.bits, group_size=spec.group_size)
-        return {"assistant_model": make_draft(target, eager, lean=False)}, f"{eager.label} through the HF forward"
+        assistant = _build(target, eager, {"lean": False})  # what make_draft(target, eager, lean=False) builds
+        assistant.hfspec_draft_spec = eager.label
+        warn_if_unfaithful(target, assistant)
+        return {"assistant_model": assistant}, f"{eager.label} through the HF forward"
 
     def fields(self) -> tuple[Field, ...]:
         return (Field("bits", "bits", 4, low=self.bits[0], high=self.bits[1]),

@@ -23,8 +23,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from hfspec import report
 from hfspec.drafts.rtn import DEFAULT_GROUP_SIZE, GROUP_SIZES, RTN_BITS
 from hfspec.errors import HfspecError, bad_value
+from hfspec.kernels.lean import HEAD_FLOAT_BELOW, HEAD_TOP, lean_reason
 from hfspec.quant import gptq, groupwise
 from hfspec.quant.calibrate import Coded, calibration_matrices, hessians, self_samples
 from hfspec.quant.known_layers import Conv1D
@@ -105,8 +107,6 @@ class SensitivityReport:
                 f"{self.method}{self.bits}-g{self.group_size} draft loses (measured with {them} in float){calibrated}")
 
     def lines(self) -> list[str]:
-        from hfspec import report
-
         head = (f"sensitivity of {self.method}{self.bits}-g{self.group_size} by {self.by}: one unit quantised at a "
                 f"time, mean Σmin(p, q) over {self.tokens} positions of the target's own text (seed {self.seed})")
         tail = (f"all units quantised: overlap {self.full_overlap:.3f} (loss {self.full_loss:.3f}); sum of the "
@@ -296,8 +296,6 @@ def sensitivity(target: nn.Module, bits: int = 4, group_size: int = DEFAULT_GROU
 
 
 def _notes(target: nn.Module, units) -> list[str]:
-    from hfspec.drafts.lean import HEAD_FLOAT_BELOW, HEAD_TOP, lean_reason
-
     heads = [names for _, kind, names in units if kind == "head"]
     if not heads or lean_reason(target) is not None:
         return []

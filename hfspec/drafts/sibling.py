@@ -9,6 +9,7 @@ from torch import nn
 
 from hfspec.drafts.registry import DraftKind, DraftSpec, Field, fail
 from hfspec.errors import HfspecError
+from hfspec.io.loading import load_model, load_tokenizer
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # owner/name
 
@@ -73,19 +74,11 @@ def _local_tokenizer(model: nn.Module):
 
 
 def _load_tokenizer(source, role: str):
-    try:
-        from hfspec.loading import load_tokenizer
-    except ImportError:  # loading module missing: plain transformers
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(source, local_files_only=os.path.isdir(source))
     return load_tokenizer(source, role=role)
 
 
 def load_sibling(target: nn.Module, source, target_tokenizer=None, draft_tokenizer=None, **load_options) -> nn.Module:
     """Load a sibling draft (folder or hub id) onto the target's device and check it against the target."""
-    from hfspec.loading import load_model
-
     options = {"dtype": _float_dtype(target), "device": _device_name(target), **load_options}
     draft = load_model(source, role="draft", **options)
     if draft_tokenizer is None:

@@ -118,7 +118,7 @@ def summary(model: nn.Module) -> dict[str, int]:
 
 def _describe_module(module: nn.Module) -> dict | None:
     lean_path = getattr(module, "path", None) if type(module).__name__ == "LeanLinear" else None
-    if lean_path is not None:  # a lean draft's weight (hfspec.drafts.lean)
+    if lean_path is not None:  # a lean draft's weight (hfspec.kernels.lean)
         return {"kind": "linear", "shape": (module.out_features, module.in_features), "path": f"lean: {lean_path}"}
     if isinstance(module, QuantLinear | QuantEmbedding):
         q = module.qweight

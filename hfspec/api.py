@@ -1,0 +1,243 @@
+"""Hugging Face drop-in: a `custom_generate` callable and `hfspec.generate` around it.
+
+`target.generate(ids, custom_generate=speculative_generate, draft_model=draft, gamma=4, ...)` lets transformers
+prepare everything (generation config, logits processors, stopping criteria, streamer), then runs our loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from hfspec import validate
+from hfspec.decoding.costmodel import prior_model
+from hfspec.decoding.coupling import GumbelNoise
+from hfspec.decoding.early_exit import check_early_exit, with_early_exit
+from hfspec.decoding.gamma import AdaptiveGamma, FixedGamma
+from hfspec.decoding.loop import DecodeJob, decode
+from hfspec.decoding.options import check_speculative_options, given_to_generate
+from hfspec.decoding.request import Request, check_coupling_seed
+from hfspec.decoding.scoring import Scorer
+from hfspec.decoding.siblings import Tree
+from hfspec.decoding.stats import SpecStats
+from hfspec.decoding.stopping import Stopper
+from hfspec.decoding.trees import make_tree
+from hfspec.drafts import make_draft as _make_draft
+from hfspec.drafts import weight_bytes as draft_weight_bytes
+from hfspec.drafts.base import NoDraft, as_draft
+
+
+@dataclass
+class SpeculativeOutput(GenerateDecoderOnlyOutput):
+    """`generate`'s output plus `stats` (SpecStats) and `token_kinds` (per row: accepted/resampled/bonus)."""
+
+    stats: SpecStats | None = None
+    token_kinds: list[list[str]] | None = None
+
+
+def speculative_generate(
+    model,
+    input_ids: torch.LongTensor,
+    logits_processor,
+    stopping_criteria,
+    generation_config,
+    synced_gpus: bool = False,
+    streamer=None,
+    draft_model=None,
+    gamma: int | str = 4,
+    seed: int | None = None,
+    on_round=None,
+    should_stop=None,
+    plain: bool = False,
+    stop_strings: str | list[str] | None = None,
+    hfspec_request: Request | None = None,
+    early_exit: bool = False,
+    tree: int | str = 0,
+    coupling: str = "rejection",
+    **model_kwargs,
+):
+    """The decoding loop transformers calls after its input preparation (pass as `custom_generate=`).
+    `hfspec_request`: the request `hfspec.generate` already checked (the other hfspec arguments are then unused).
+    `tree`: 2..8 candidates per unsure draft position (`hfspec.decoding.siblings`), "auto" or a `TreeShape` for a token tree
+    (`hfspec.decoding.trees`); 0 or 1 proposes the plain chain. `coupling`: "rejection" or "gumbel" (`hfspec.decoding.coupling`)."""
+    request = hfspec_request or Request.for_loop(model, input_ids, draft_model, gamma, plain=plain, seed=seed,
+                                                 on_round=on_round, should_stop=should_stop, early_exit=early_exit,
+                                                 tree=tree, coupling=coupling)
+    sampling = bool(generation_config.do_sample)
+    check_coupling_seed(request.coupling, request.seed, sampling)
+    stopping_criteria = check_speculative_options(model, request.draft, input_ids, generation_config,
+                                                  stopping_criteria, streamer, stop_strings)
+    streamer = streamer if streamer is not None else given_to_generate("streamer")
+    stats = SpecStats(target_bytes=weight_bytes(model), draft_bytes=weight_bytes(request.draft),
+                      target_dtype=_dtype_name(model))
+    eos = generation_config._eos_token_tensor
+    if request.plain:
+        policy = FixedGamma(0)
+    else:  # with a seed, γ "auto" must not read this run's timings: the text must depend on the seed alone
+        policy = (_policy(request.gamma, stats) if request.seed is None
+                  else _seeded_policy(request.gamma, stats, input_ids.device))
+    job = DecodeJob(
+        scorer=Scorer(logits_processor, sampling, validate.vocab_size(model)),
+        stopper=Stopper(stopping_criteria, eos, generation_config.max_length),
+        policy=policy,
+        pad_token_id=_pad_id(generation_config._pad_token_tensor, eos),
+        generator=_generator(request.seed, input_ids.device),
+        streamer=streamer,
+        on_round=request.on_round,
+        should_stop=request.should_stop,
+        stats=stats,
+        tree=_tree(request, stats, input_ids.device),
+        noise=GumbelNoise(request.seed) if request.coupling == "gumbel" and sampling else None,
+    )
+    draft = NoDraft() if request.plain else as_draft(request.draft, vocab=request.draft_vocab)
+    if request.early_exit:
+        check_early_exit(request.early_exit, draft)
+        job.policy = with_early_exit(job.policy, stats)
+        if request.seed is not None and hasattr(job.policy, "freeze"):
+            job.policy.freeze(stats.c_bytes)  # like γ "auto": a seeded run's text must not depend on timing
+    result = decode(model, draft, input_ids, model_kwargs.get("attention_mask"), job)
+    if generation_config.return_dict_in_generate:
+        return SpeculativeOutput(sequences=result.sequences, stats=result.stats, token_kinds=result.kinds)
+    return result.sequences
+
+
+def generate(
+    target,
+    input_ids: torch.LongTensor,
+    draft=None,
+    gamma: int | str = 4,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    max_new_tokens: int | None = None,
+    seed: int | None = None,
+    attention_mask: torch.Tensor | None = None,
+    on_round=None,
+    should_stop=None,
+    early_exit: bool = False,
+    tree: int | str = 0,
+    coupling: str = "rejection",
+    **generation_kwargs,
+) -> SpeculativeOutput:
+    """Speculative decoding of `target` with `draft`; returns `.sequences`, `.stats` and `.token_kinds`.
+
+    gamma: draft tokens per round, or "auto" (`hfspec.decoding.gamma`): chosen each round from α and the costs. With a
+    `seed`, "auto" and the early exit decide from costs fixed before decoding (the bytes ratio), never from the
+    run's timings, so a seed gives the same text run after run whatever the machine's load; without one they
+    read the run's timings ("auto" through medians over recent rounds, so a few slow passes do not move it).
+
+    early_exit: the draft may stop a round early (γ is then the cap) when its calibrated confidence and the
+    cost model say another token does not pay (`hfspec.decoding.early_exit`); exact, like any proposal.
+
+    temperature 0 means greedy (the target's greedy text, token for token); > 0 samples exactly from the
+    target's distribution. Other keyword arguments go to `target.generate` (e.g. `eos_token_id`, `min_p`,
+    `repetition_penalty`, `stopping_criteria`, `streamer`, `logits_processor`). `tree` ≥ 2: sibling candidates
+    where the draft is unsure, scored in the same target pass (batch size 1; see `hfspec.decoding.siblings`); `tree="auto"`: a
+    token tree whose branches continue, sized by the cost model (`hfspec.decoding.trees`; a `TreeShape` fixes its size).
+
+    coupling: "rejection" (default; Leviathan et al.'s rule) or "gumbel", draft-invariant sampling
+    (`hfspec.decoding.coupling`; needs a `seed`, no tree): every token is the target's Gumbel-max draw with noise keyed by
+    (seed, batch row, position), so the text for a seed is the same whatever the draft and γ, and equal to
+    `plain_generate(..., coupling="gumbel")`; fewer proposals are accepted than with "rejection".
+    """
+    return _run(Request.for_generate(
+        target, input_ids, draft, gamma, plain=False, temperature=temperature, top_k=top_k, top_p=top_p,
+        max_new_tokens=max_new_tokens, seed=seed, attention_mask=attention_mask, on_round=on_round,
+        should_stop=should_stop, generation_kwargs=generation_kwargs, early_exit=early_exit, tree=tree,
+        coupling=coupling))
+
+
+def plain_generate(
+    target,
+    input_ids: torch.LongTensor,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    max_new_tokens: int | None = None,
+    seed: int | None = None,
+    attention_mask: torch.Tensor | None = None,
+    on_round=None,
+    should_stop=None,
+    coupling: str = "rejection",
+    **generation_kwargs,
+) -> SpeculativeOutput:
+    """The baseline: one target pass per token through the same loop (same sampling, same statistics).
+    `coupling="gumbel"` samples by Gumbel-max with hfspec's seeded noise: the text `generate` gives with it."""
+    return _run(Request.for_generate(
+        target, input_ids, None, 1, plain=True, temperature=temperature, top_k=top_k, top_p=top_p,
+        max_new_tokens=max_new_tokens, seed=seed, attention_mask=attention_mask, on_round=on_round,
+        should_stop=should_stop, generation_kwargs=generation_kwargs, coupling=coupling))
+
+
+def _run(request: Request) -> SpeculativeOutput:
+    """`target.generate` with hfspec's loop as `custom_generate`, for a request built by `Request.for_generate`."""
+    input_ids, mask = request.input_ids, request.attention_mask
+    if request.max_new_tokens == 0:
+        return SpeculativeOutput(sequences=input_ids.clone(), stats=SpecStats(gamma=request.shown_gamma),
+                                 token_kinds=[[] for _ in range(input_ids.shape[0])])
+    return request.target.generate(
+        input_ids,
+        attention_mask=mask if mask is not None else torch.ones_like(input_ids),
+        custom_generate=speculative_generate,
+        hfspec_request=request,
+        return_dict_in_generate=True,
+        **request.generate_kwargs,
+    )
+
+
+def _pad_id(pad: torch.Tensor | None, eos: torch.Tensor | None) -> int:
+    if pad is not None:
+        return int(pad.flatten()[0])
+    return int(eos.flatten()[0]) if eos is not None else 0
+
+
+def _generator(seed: int | None, device) -> torch.Generator | None:
+    return None if seed is None else torch.Generator(device=device).manual_seed(int(seed))
+
+
+def _policy(gamma, stats: SpecStats):
+    """The γ policy of a run without a seed: γ "auto" reads the run's timings (robustly, see `hfspec.decoding.gamma`)."""
+    if gamma == "auto":
+        return AdaptiveGamma(c_prior=stats.c_bytes, costs=stats.costs)
+    return FixedGamma(int(gamma))
+
+
+def _seeded_policy(gamma, stats: SpecStats, device=None):
+    """The γ policy of a seeded run: γ "auto" is frozen, deciding from acceptance and a cost profile fixed before
+    decoding (the bytes ratio and the verify pass's prior slope for this device and dtype, `prior_model`), never
+    from this run's timings, so the seed alone fixes the text on a quiet or a busy machine (`hfspec.decoding.gamma`)."""
+    if gamma == "auto":
+        kind = torch.device(device).type if device is not None else "cpu"
+        return AdaptiveGamma(c_prior=stats.c_bytes, timed=False,
+                             profile=prior_model(stats.c_bytes, kind, stats.target_dtype))
+    return FixedGamma(int(gamma))
+
+
+def _tree(request: Request, stats: SpecStats, device):
+    """The run's tree: sibling leaves (`tree` 2..8), a token tree ("auto" or a `TreeShape`), or None. With a seed,
+    "auto" sizes the tree from priors fixed before decoding, never from this run's timings (like γ "auto")."""
+    dynamic = make_tree(request.tree, request.seed is not None, stats.c_bytes, torch.device(device).type,
+                        stats.target_dtype)
+    if dynamic is not None:
+        return dynamic
+    return Tree(request.tree) if isinstance(request.tree, int) and request.tree > 1 else None
+
+
+def weight_bytes(model) -> int:
+    """Bytes of a model's weights (packed storage counted as stored; shared tensors once); 0 for no model."""
+    return 0 if model is None else int(draft_weight_bytes(model))
+
+
+def _dtype_name(model) -> str:
+    """The dtype of the model's first floating-point parameter ("" for none)."""
+    for p in model.parameters():
+        if p.is_floating_point():
+            return str(p.dtype).replace("torch.", "")
+    return ""
+
+
+def make_draft(target, spec, **options):
+    """Build a draft for `target`: "rtn4", "rtn3-g64", "bnb-int8", a sibling folder / hub id, or a model."""
+    return _make_draft(target, spec, **options)

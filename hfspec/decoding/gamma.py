@@ -1,0 +1,218 @@
+"""How many tokens the draft proposes each round: a fixed γ, or γ = "auto", chosen from α and the costs.
+
+The choice for a round is made before the target sees that round, so it cannot bias the output. At T > 0 it
+still picks *which* text a seed gives (a round of γ tokens draws its own random numbers), so what γ = "auto" may
+read is ruled by whether the text must be reproducible:
+
+- **Frozen** (`timed=False`; `hfspec.generate` uses it whenever a seed is given): decisions read only this
+  run's acceptance counts (a function of the tokens, so of the seed) and a cost profile fixed before decoding:
+  `c_prior` (the draft's bytes over the target's, a property of the weights) or a `profile` cost model the
+  caller fitted beforehand, e.g. from an earlier run's record. Never a timing of this run: the same seed gives
+  the same text run after run, on a quiet or a busy machine.
+- **Live** (`timed=True`; runs without a seed, whose text is not reproducible anyway): the costs are measured
+  as the run goes, by robust statistics over the last `WINDOW` rounds: c is the median draft/target time ratio
+  of those rounds, and the cost model (`hfspec.decoding.costmodel`) is fitted to them less their outliers (a part of a
+  round costing more than `OUTLIER` × the window's median for that part). A few slow passes (another process,
+  a page fault, a collector pause) then move γ little, and γ 0 (plain decoding) needs `MIN_CLEAN` clean
+  measurements saying that no γ ≥ 1 pays.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from statistics import median
+
+from hfspec.decoding.costmodel import Acceptance, CostModel, CostRecord, best_gamma
+from hfspec.decoding.stats import optimal_gamma, paper_speedup
+from hfspec.validate import AUTO_GAMMA_MAX
+
+DEFAULT_C = 0.2  # c when nothing better is known (e.g. a draft with no weights, like prompt lookup)
+WINDOW = 24  # rounds whose timings the live policy reads
+OUTLIER = 3.0  # a round's part costing over this × the window's median for that part is left out of the model
+MIN_CLEAN = 4  # clean live measurements before the live policy may decode plainly (γ 0)
+
+
+class FixedGamma:
+    """The same γ every round."""
+
+    def __init__(self, gamma: int):
+        self.gamma = gamma
+        self.label: int | str = gamma
+
+    def next(self) -> int:
+        return self.gamma
+
+    def update(self, gamma: int, accepted: int, checked: int, draft_seconds: float, target_seconds: float) -> None:
+        """Fixed: nothing to learn."""
+
+
+class AdaptiveGamma:
+    """Picks the γ with the most predicted tokens/s from a decayed estimate of α and the costs (module doc: which
+    costs, frozen or live).
+
+    With a cost model (live: fitted to the window of the run's `costs` once `MIN_MODEL_ROUNDS` rounds were
+    measured; frozen: `profile`) the rate is the model's E[tokens | γ] / (draft(γ) + t(γ + 1) + o(γ)), so a
+    verify pass that grows with its width pulls γ down. Without one, the paper's argmax_γ
+    (1 − α^(γ+1)) / ((1 − α)(γc + 1)).
+
+    α: accepted / checked over recent rounds (exponential decay, with a weak prior of α = 0.5).
+    c: frozen, `c_prior`; live, the median draft/target forward-time ratio over the last `WINDOW` clean rounds
+    (round 1 includes the prompt, so round 2 gives the first), the prior only until the first one: a lean
+    draft's time ratio can be far from its bytes ratio either way.
+    When no γ ≥ 1 is expected to beat plain decoding (e.g. a draft that is not really cheaper), it decodes
+    plainly (γ = 0) and probes with γ = 1 every `probe_every` rounds to keep α (and, live, c) fresh.
+    """
+
+    MIN_MODEL_ROUNDS = 3
+
+    def __init__(self, gamma_max: int = AUTO_GAMMA_MAX, c_prior: float = DEFAULT_C, decay: float = 0.95,
+                 start: int = 4, probe_every: int = 8, costs: CostRecord | None = None, timed: bool = True,
+                 profile: CostModel | None = None, window: int = WINDOW):
+        self.gamma_max = gamma_max
+        self.timed = timed
+        self.costs = costs if timed else None  # frozen: the run's record is never read
+        self.profile = profile if profile is not None and profile.plain_token_seconds > 0 else None
+        self.decay = decay
+        self.probe_every = probe_every
+        self.label = "auto"
+        self._accepted, self._checked = 1.0, 2.0
+        self._prior = c_prior if c_prior > 0 else DEFAULT_C
+        self._ratios: deque[float] = deque(maxlen=window)
+        self._window = _Window(window) if self.costs is not None else None
+        self._gamma = min(start, gamma_max)
+        self._rounds = 0
+        self._plain_rounds = 0
+
+    @property
+    def alpha(self) -> float:
+        return self._accepted / self._checked
+
+    @property
+    def c(self) -> float:
+        return median(self._ratios) if self._ratios else self._prior
+
+    def next(self) -> int:
+        return self._gamma
+
+    def update(self, gamma: int, accepted: int, checked: int, draft_seconds: float, target_seconds: float) -> None:
+        """Learn from one round (its γ, accepted/checked counts, per-forward times) and choose the next γ. Frozen,
+        the times are ignored."""
+        self._rounds += 1
+        if self.timed:
+            if gamma > 0 and self._rounds > 1 and draft_seconds > 0 and target_seconds > 0:
+                self._ratios.append(draft_seconds / target_seconds)
+            if self._window is not None:
+                self._window.take(self.costs)
+        if gamma == 0:
+            self._plain_rounds += 1
+            self._gamma = 1 if self._plain_rounds >= self.probe_every else 0
+            return
+        self._plain_rounds = 0
+        self._accepted = self.decay * self._accepted + accepted
+        self._checked = self.decay * self._checked + checked
+        self._gamma = self._choose(min(self.alpha, 0.999))
+
+    def _choose(self, alpha: float) -> int:
+        model, clean = self._model()
+        if model is not None:
+            best = best_gamma(model, Acceptance(alpha), self.gamma_max)[0]
+        else:
+            best = optimal_gamma(alpha, self.c, self.gamma_max)
+            if paper_speedup(alpha, best, self.c) <= 1.0:
+                best = 0
+            clean = len(self._ratios)
+        if best == 0 and self.timed and clean < MIN_CLEAN:  # too little evidence to stop drafting
+            best = optimal_gamma(alpha, self.c, self.gamma_max)
+        return best
+
+    def _model(self) -> tuple[CostModel | None, int]:
+        """The cost model to decide with and the clean rounds behind it (None: use the formula)."""
+        if not self.timed:
+            return self.profile, 0
+        if self._window is None:
+            return None, 0
+        record = self._window.record()
+        if record.rounds < self.MIN_MODEL_ROUNDS:
+            return None, 0
+        model = CostModel.fit(record)
+        return (model, record.rounds) if model.plain_token_seconds > 0 else (None, 0)
+
+
+@dataclass
+class _Part:
+    """Rounds of one kind (k draft tokens, or target width n) taken from a CostRecord since the last look: how
+    many and their mean seconds per round."""
+
+    index: int
+    rounds: int
+    seconds: tuple[float, ...]
+
+
+class _Window:
+    """The last rounds of a run's `CostRecord`, taken apart again by diffing it at each look, so the live policy
+    fits its cost model to recent rounds without their outliers."""
+
+    def __init__(self, size: int):
+        self.by_k: deque[_Part] = deque(maxlen=size)  # seconds: draft, other, pick, score
+        self.by_width: deque[_Part] = deque(maxlen=size)  # seconds: target
+        self._seen: dict[str, list] = {}
+
+    def take(self, record: CostRecord) -> None:
+        now = {name: list(getattr(record, name)) for name in _LISTS}
+        for k, rounds in _grown(now["gamma_rounds"], self._seen.get("gamma_rounds", [])):
+            parts = [_grown_at(now[name], self._seen.get(name, []), k) / rounds for name in _K_SECONDS]
+            self.by_k.append(_Part(k, rounds, tuple(parts)))
+        for n, rounds in _grown(now["width_rounds"], self._seen.get("width_rounds", [])):
+            seconds = _grown_at(now["width_seconds"], self._seen.get("width_seconds", []), n) / rounds
+            self.by_width.append(_Part(n, rounds, (seconds,)))
+        self._seen = now
+
+    def record(self) -> CostRecord:
+        """A CostRecord of the window's rounds, less those with a part over `OUTLIER` × the window's median for
+        that part: a draft step, the time outside forwards, the target pass (the last two scaled by how much wider
+        the round was than the window's median one, so a legitimately wide round is not taken for a slow one)."""
+        out = CostRecord()
+        steps = [p.seconds[0] / p.index for p in self.by_k if p.index]
+        others, mid_k = [p.seconds[1] for p in self.by_k], _median([p.index for p in self.by_k])
+        for p in self.by_k:
+            slow_draft = p.index and _outlier(p.seconds[0] / p.index, steps)
+            if not slow_draft and not _outlier(p.seconds[1], others, (p.index + 1) / (mid_k + 1)):
+                _put(out.gamma_rounds, p.index, p.rounds)
+                for name, value in zip(_K_SECONDS, p.seconds, strict=True):
+                    _put(getattr(out, name), p.index, value * p.rounds)
+        targets, mid_n = [p.seconds[0] for p in self.by_width], _median([p.index for p in self.by_width])
+        for p in self.by_width:
+            if not _outlier(p.seconds[0], targets, p.index / mid_n if mid_n else 1.0):
+                _put(out.width_rounds, p.index, p.rounds)
+                _put(out.width_seconds, p.index, p.seconds[0] * p.rounds)
+        return out
+
+
+_K_SECONDS = ("gamma_draft_seconds", "gamma_other_seconds", "gamma_pick_seconds", "gamma_score_seconds")
+_LISTS = ("gamma_rounds", "width_rounds", "width_seconds", *_K_SECONDS)
+
+
+def _grown(now: list[int], before: list[int]) -> list[tuple[int, int]]:
+    return [(i, n - (before[i] if i < len(before) else 0)) for i, n in enumerate(now)
+            if n > (before[i] if i < len(before) else 0)]
+
+
+def _grown_at(now: list[float], before: list[float], i: int) -> float:
+    return (now[i] if i < len(now) else 0.0) - (before[i] if i < len(before) else 0.0)
+
+
+def _outlier(value: float, values: list[float], scale: float = 1.0) -> bool:
+    """Over `OUTLIER` × the median of `values` (× `scale` where that is over 1)."""
+    reference = _median(values) * max(1.0, scale)
+    return reference > 0 and value > OUTLIER * reference
+
+
+def _median(values: list[float]) -> float:
+    return median(values) if values else 0.0
+
+
+def _put(values: list, index: int, amount) -> None:
+    if len(values) <= index:
+        values.extend([0] * (index + 1 - len(values)))
+    values[index] += amount

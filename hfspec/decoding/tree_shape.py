@@ -1,0 +1,121 @@
+"""The shape of a token tree (`hfspec.decoding.trees`): a fixed budget (`TreeShape`), or "auto" (`AutoShape`).
+
+Shape (`TreeShape`, or `tree="auto"`): with "auto" (`AutoShape`) a candidate node joins the tree when its
+estimated chance to be accepted (its cumulative draft probability times the live acceptance ratio at its depth
+and rank) is worth the marginal cost of one more verify position, and a level is drafted when its expected
+tokens are worth a draft level: both costs in units of a one-token target pass, from this run's timings, or,
+with a seed, from priors fixed before decoding (the draft's bytes ratio and a per-device verify slope), so a
+seed gives the same text on any load. Where no branch pays, the tree is a chain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hfspec.decoding.costmodel import verify_slope_prior
+from hfspec.validate import bad_value
+
+NODES_MAX, DEPTH_MAX, BRANCH_MAX, WIDTH_MAX = 64, 12, 8, 16
+SHRINK = 4.0  # pseudo-counts pulling a depth/rank's acceptance ratio to the prior while it has little evidence
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """A fixed tree budget: at most `nodes` nodes, `depth` levels, `branch` children per node and `width` nodes
+    expanded per level (one draft call each). Every round fills it with the most probable candidates."""
+
+    nodes: int = 24
+    depth: int = 6
+    branch: int = 4
+    width: int = 4
+
+    def __post_init__(self):
+        for name, top in (("nodes", NODES_MAX), ("depth", DEPTH_MAX), ("branch", BRANCH_MAX), ("width", WIDTH_MAX)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+                raise bad_value(f"tree.{name}", value, f"an integer from 1 to {top}")
+
+
+class AutoShape:
+    """`tree="auto"`: the budget from the cost model and the live acceptance (module docstring).
+
+    Units: one one-token target pass. `costs()` gives s, a verify position's marginal cost, and c, a draft level's.
+    `rate()` ρ: tokens per unit over recent rounds. `chance(d, r)`: the live probability that a node's r-th child
+    (draw order) at depth d is accepted when the node is reached (counts by depth and rank, shrunk to a prior). A
+    node's `reach` is the product of those chances along its path. A candidate joins when its reach ≥ ρ · s; the
+    next level is drafted when the expected tokens its first children bring, Σ reach · chance(d + 1, 0), ≥ ρ · c:
+    each decision is worth making when it adds tokens faster than the run's rate per unit of cost."""
+
+    PRIOR = (0.7, 0.15)  # chance of a first child, of a later one, before evidence
+    PSEUDO = 2.0  # pseudo-counts of the prior
+
+    def __init__(self, timed: bool, c_prior: float, device: str = "cpu", dtype: str = "float32"):
+        self.timed = timed
+        self.c_prior = c_prior if c_prior > 0 else 0.2
+        self.slope_prior = verify_slope_prior(device, dtype, "tree")  # seeded runs: fixed before decoding
+        self.limits = TreeShape(NODES_MAX, DEPTH_MAX, BRANCH_MAX, 8)
+        self.tried: dict[tuple[int, int], float] = {}
+        self.accepted: dict[tuple[int, int], float] = {}
+        self.tokens, self.units = 2.0, 1.0 + 4 * self.c_prior  # decayed sums, from a chain-like prior
+        self._verify: list[tuple[int, float]] = []  # (positions, seconds) of this run's tree passes
+        self._levels: list[float] = []  # seconds per draft level
+
+    def _fit(self) -> tuple[float, float] | None:
+        """Verify seconds = a + b · positions over the last passes (None until the widths differ)."""
+        pts = self._verify[-64:]
+        n = len(pts)
+        if n < 4:
+            return None
+        sx, sy = sum(w for w, _ in pts), sum(t for _, t in pts)
+        sxx, sxy = sum(w * w for w, _ in pts), sum(w * t for w, t in pts)
+        var = n * sxx - sx * sx
+        if var <= 1e-9 * max(1.0, n * sxx):
+            return None
+        b = (n * sxy - sx * sy) / var
+        a = (sy - b * sx) / n
+        return (a, b) if a + b > 0 else None
+
+    def costs(self) -> tuple[float, float]:
+        """(s, c): a verify position's and a draft level's cost in one-token target passes. Seeded (not timed):
+        the priors, so the text never depends on the clock; otherwise this run's fit once it has one."""
+        fit = self._fit() if self.timed else None
+        if fit is None:
+            return self.slope_prior, self.c_prior
+        a, b = fit
+        step = a + b
+        recent = sorted(self._levels[-64:])
+        level = recent[len(recent) // 2] if recent else self.c_prior * step
+        return max(0.0, b / step), level / step
+
+    def chance(self, depth: int, rank: int) -> float:
+        key = (min(depth, DEPTH_MAX), min(rank, BRANCH_MAX))
+        prior = self.PRIOR[0] if rank == 0 else self.PRIOR[1] / rank
+        return (self.accepted.get(key, 0.0) + self.PSEUDO * prior) / (self.tried.get(key, 0.0) + self.PSEUDO)
+
+    def rate(self) -> float:
+        return self.tokens / self.units
+
+    def node_floor(self) -> float:
+        return self.rate() * self.costs()[0]
+
+    def level_floor(self) -> float:
+        return self.rate() * self.costs()[1]
+
+    def observe(self, nodes: list, path: list[int], levels: int, positions: int, verify_seconds: float,
+                level_seconds: list[float]) -> None:
+        """After a round: the tree, the accepted path (node indices), the draft levels run and the verify pass."""
+        for at, v in enumerate([0, *path]):
+            children = nodes[v].children
+            nxt = path[at] if at < len(path) else None
+            for r, c in enumerate(children):
+                key = (min(nodes[c].depth, DEPTH_MAX), min(r, BRANCH_MAX))
+                self.tried[key] = self.tried.get(key, 0.0) + 1.0
+                if c == nxt:
+                    self.accepted[key] = self.accepted.get(key, 0.0) + 1.0
+        s, c = self.costs()
+        decay = 0.9
+        self.tokens = decay * self.tokens + len(path) + 1
+        self.units = decay * self.units + 1 + s * max(0, positions - 1) + c * levels
+        if self.timed:
+            self._verify.append((positions, verify_seconds))
+            self._levels.extend(level_seconds)

@@ -1,0 +1,279 @@
+"""An optional compiled one-token step for lean drafts (`rtn4-compiled`): `torch.compile` (inductor) of
+`LeanDecoder.one_token`, the lean step written with the same shapes at every step (the whole preallocated
+cache, masked), for batch 1 without holes. Prompts, catch-up feeds and batches keep the eager lean step; both
+write the same cache.
+
+Compiling takes seconds to minutes on a CPU, so it happens once when the draft is built, reported through
+`progress`, and inductor's artefacts are kept on disk (`COMPILE_DIR`, unless TORCHINDUCTOR_CACHE_DIR is set):
+a second process reuses them. A broken artefact (a compile killed midway can leave a truncated library) is
+survived: our folder is emptied and the compile redone (in a folder the user chose, with inductor's caches
+off instead), and when even that fails the draft keeps the eager lean step with a warning saying why; a compile
+folder that cannot be used (a file of that name, no room, no write permission) gets the same warning.
+
+The step is compiled with inductor's C++ wrapper (`cpp_wrapper`): the kernels are called from generated C++
+instead of generated Python, which takes per-call overhead off a step of a few hundred small kernels (SmolLM2-135M
+rtn4: 0.29 → 0.26 of a target step, `benchmarks/bench_wrapper.py`). The first compile takes
+longer (about a third more). When the wrapper cannot be built even afresh, the step is compiled without it, and
+a marker file in the compile folder (`NO_WRAPPER_MARKER`) makes later builds there skip the wrapper.
+
+The artefacts do not depend on torch's thread count (`cpp.dynamic_threads`: the kernels read it when they run),
+so the dashboard, which leaves a core to its window, and the CLI share them. Building the step also runs the
+paths the decoding loop will take (one-token steps across a cache growth, catch-up feeds, the eager lean step
+over prompt-sized feeds), so the first run after a fresh compile meets nothing new.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+import types
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from hfspec.kernels.lean_cache import CACHE_CHUNK
+
+COMPILED_FEED_MAX = 4  # a compiled draft runs feeds of up to this many tokens as one-token steps (a round's catch-up)
+COMPILE_DIR = Path(os.environ.get("HFSPEC_COMPILE_DIR", Path.home() / ".cache" / "hfspec" / "inductor"))
+PROGRESS_EVERY = 5.0  # seconds between "still compiling" messages
+CPP_WRAPPER = True  # compile with inductor's C++ wrapper first (module docstring)
+NO_WRAPPER_MARKER = "hfspec-no-cpp-wrapper"  # left in the compile folder when the wrapper could not be built
+
+
+class CompiledStep:
+    """`decoder.one_token` compiled; call it as `step(input_ids [1, 1], slot, cache)`.
+
+    `path` says what runs: "compiled" or "eager (why)" after a failed compile."""
+
+    def __init__(self, decoder, progress: Callable[[str], None] | None = None):
+        self.decoder = decoder
+        self.fn = None
+        self.wrapper = False  # whether the step runs through inductor's C++ wrapper
+        self.seconds = 0.0
+        self.path = "eager (not compiled yet)"
+        self._compile(progress or (lambda message: None))
+
+    def __call__(self, input_ids: torch.Tensor, slot: int, cache) -> torch.Tensor:
+        """Logits [1, 1, V] of input_ids [1, 1] at cache slot `slot`, which is also its position."""
+        cache.reserve(1, slot + 1)
+        if slot >= self.tables[0].shape[0]:
+            self.tables = self.decoder.rotary_tables(2 * slot)
+        ids = torch.empty(1, 1, dtype=torch.long).copy_(input_ids)  # fixed strides: a slice of the slots would recompile
+        logits = self.fn(ids, torch.tensor([slot]), self.tables, cache.keys, cache.values)
+        cache.length = slot + 1
+        return logits
+
+    def _compile(self, say: Callable[[str], None]) -> None:
+        owned = _inductor_dir_unchosen()
+        began = time.perf_counter()
+        errors = []
+        if owned:
+            try:
+                _usable_folder(COMPILE_DIR)
+            except OSError as error:
+                self._give_up([f"compile folder {COMPILE_DIR} unusable: {_first_line(error)}"], say, began)
+                return
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(COMPILE_DIR)
+        where = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+        # whether inductor compiles from scratch is known only once it looks in its cache: said then (_ticker)
+        say(f"compiling the draft step (or reusing it from {where})…")
+        misses = _cache_misses()
+        scratch = f"compiling the draft step from scratch (the first time takes a while; kept in {where} for the next run)…"
+        marker = Path(where) / NO_WRAPPER_MARKER
+        wrapper = CPP_WRAPPER and not marker.exists()
+        # (C++ wrapper, fresh) per attempt: as cached; afresh (a truncated artefact must not break the next run);
+        # afresh without the wrapper (the plainer path, for a compiler that cannot build it)
+        attempts = [(True, False), (True, True), (False, True)] if wrapper else [(False, False), (False, True)]
+        for i, (with_wrapper, fresh) in enumerate(attempts):
+            try:
+                with _ticker(say, began, lambda fresh=fresh: fresh or _cache_misses() > misses, scratch) as ticker:
+                    # a fresh try in our own (emptied) folder may cache again; in the user's, it bypasses the cache
+                    self._compile_once(no_cache=fresh and not owned, wrapper=with_wrapper)
+                if wrapper and not with_wrapper:  # remember, so later builds skip the failing wrapper attempts
+                    _write_quietly(marker, f"inductor's C++ wrapper failed here: {errors[-1]}\n")
+                break
+            except Exception as error:  # noqa: BLE001 - any compiler failure falls back, saying why
+                errors.append(_first_line(error))
+                torch._dynamo.reset()
+                if i == len(attempts) - 1:
+                    break
+                if owned and i == 0:
+                    shutil.rmtree(where, ignore_errors=True)  # a truncated artefact must not break the next run
+                    Path(where).mkdir(parents=True, exist_ok=True)
+                how = "without the C++ wrapper" if with_wrapper and not attempts[i + 1][0] else "without cached artefacts"
+                say(f"compiling the draft step failed ({errors[-1]}); compiling afresh, {how}…")
+        if self.fn is None:
+            self._give_up(errors, say, began)
+            return
+        try:
+            self._warm_up()
+        except Exception as error:  # noqa: BLE001 - a step that fails on a real path must not be used
+            self.fn = None
+            self._give_up([f"warm-up failed: {_first_line(error)}"], say, began)
+            return
+        _end_compile_workers()
+        self.seconds = time.perf_counter() - began
+        self.path = "compiled"
+        reused = "" if ticker.scratch or _cache_misses() > misses else f" (reused from {where})"
+        say(f"compiled the draft step in {self.seconds:.1f} s{reused}")
+
+    def _give_up(self, errors: list[str], say: Callable[[str], None], began: float) -> None:
+        """The eager lean step, with a warning saying why (one wording for every way a compile can fail)."""
+        self.seconds = time.perf_counter() - began
+        self.path = f"eager (compile failed: {errors[-1]})"
+        warnings.warn(f"draft step: torch.compile failed ({'; '.join(errors)}); using the eager lean step",
+                      RuntimeWarning, stacklevel=4)
+        say(f"draft step: compile failed, using the eager lean step ({errors[-1]})")
+
+    @torch.no_grad()
+    def _warm_up(self) -> None:
+        """Run what decoding will run, once, on scratch caches: the compiled step at the first slots and across a
+        cache growth (CACHE_CHUNK), through `decoder.logits` as catch-up feeds of up to COMPILED_FEED_MAX tokens;
+        the eager lean step over longer (prompt) feeds."""
+        decoder = self.decoder
+        ids = torch.zeros(1, 1, dtype=torch.long)
+        cache = decoder.hfspec_new_cache()
+        for slot in (0, 1, 2, CACHE_CHUNK - 1, CACHE_CHUNK, CACHE_CHUNK + 1):
+            self(ids, slot, cache)
+        for steps in (COMPILED_FEED_MAX + 9, COMPILED_FEED_MAX + 1, *range(COMPILED_FEED_MAX, 0, -1)):
+            cache = decoder.hfspec_new_cache() if steps > COMPILED_FEED_MAX else cache
+            decoder.logits(ids.expand(1, steps), None, None, cache, 1)
+
+    def _compile_once(self, no_cache: bool, wrapper: bool) -> None:
+        """Compile on a scratch cache and check the result against the eager one-token step."""
+        from torch._inductor import config
+
+        decoder = self.decoder
+        cache = decoder.hfspec_new_cache()
+        cache.reserve(1, 2)
+        for tensor in cache.keys + cache.values:
+            torch._dynamo.mark_dynamic(tensor, 2)  # one graph for every cache capacity
+        ids = torch.zeros(1, 1, dtype=torch.long)
+        slot = torch.zeros(1, dtype=torch.long)
+        self.tables = decoder.rotary_tables(1)  # grown (doubled) by __call__ when a slot passes its end
+        for table in self.tables:
+            torch._dynamo.mark_dynamic(table, 0)
+        # Dynamo's guards (one per closed-over weight) cost ~0.2 ms a call; every call here passes tensors of the
+        # same dtypes and ranks (the cache length is dynamic), so guards are dropped. Without guards, drafts must
+        # not share dynamo's cache, which lives on the code object: each decoder compiles its own copy of it.
+        method = type(decoder).one_token
+        own = types.FunctionType(method.__code__.replace(), method.__globals__, method.__name__,
+                                 method.__defaults__, method.__closure__)
+        fn = torch.compile(types.MethodType(own, decoder), fullgraph=True, dynamic=False,
+                           options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe})
+        # dynamic threads: the artefact is the same whatever torch's thread count (else part of its cache key)
+        patch = {"force_disable_caches": no_cache, "cpp.dynamic_threads": True, "cpp_wrapper": wrapper}
+        with torch.no_grad(), config.patch(patch), _quiet_inductor():
+            got = fn(ids, slot, self.tables, cache.keys, cache.values)
+            want = decoder.one_token(ids, slot, self.tables, cache.keys, cache.values)
+        if not torch.allclose(got, want, atol=1e-3, rtol=1e-3):
+            raise RuntimeError(f"compiled step differs from the eager step by {float((got - want).abs().max()):.3g}")
+        self.fn = fn
+        self.wrapper = wrapper
+
+
+def _write_quietly(path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError:  # a read-only or full folder: the next build just tries the wrapper again
+        pass
+
+
+class _quiet_inductor:
+    """Inductor's C++ wrapper logs a warning per operator it calls through its generic fallback (e.g. "aten.unsqueeze
+    is missing a c-shim implementation"): a fact about inductor's coverage, not something a user can act on."""
+
+    def __enter__(self):
+        self.logger = logging.getLogger("torch._inductor.ir")
+        self.level = self.logger.level
+        self.logger.setLevel(logging.ERROR)
+
+    def __exit__(self, *exc):
+        self.logger.setLevel(self.level)
+        return False
+
+
+class _ticker:
+    """Calls `say("still compiling… N s")` every PROGRESS_EVERY seconds while the block runs, and says `scratch`
+    once as soon as `from_scratch()` is true (inductor missed its cache: a real compile, which takes a while)."""
+
+    POLL = 0.25  # seconds between looks at `from_scratch`
+
+    def __init__(self, say: Callable[[str], None], began: float, from_scratch: Callable[[], bool] = lambda: False,
+                 scratch: str = ""):
+        self.say, self.began, self.done = say, began, threading.Event()
+        self.from_scratch, self.scratch_message, self.scratch = from_scratch, scratch, False
+
+    def _look(self) -> None:
+        if not self.scratch and self.from_scratch():
+            self.scratch = True
+            self.say(self.scratch_message)
+
+    def __enter__(self):
+        def tick():
+            last = time.perf_counter()
+            while not self.done.wait(self.POLL):
+                try:
+                    self._look()
+                    if time.perf_counter() - last >= PROGRESS_EVERY:
+                        last = time.perf_counter()
+                        self.say(f"still compiling the draft step… {last - self.began:.0f} s")
+                except Exception:  # noqa: BLE001 - a stop request cannot interrupt a compile; stop ticking
+                    return
+        self.thread = threading.Thread(target=tick, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join()
+        try:
+            self._look()  # a compile quicker than one poll
+        except Exception:  # noqa: BLE001 - as in tick
+            pass
+        return False
+
+
+def _cache_misses() -> int:
+    """Inductor's compiled-graph cache misses so far in this process (each one a compile from scratch)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"]["fxgraph_cache_miss"])
+
+
+def _end_compile_workers() -> None:
+    """End inductor's compile worker processes once the step is built: left alive they hold memory and can take
+    a core from the decoding that follows (on a small machine torch's OpenMP threads stall when another process
+    runs). A later compile starts them again."""
+    try:
+        from torch._inductor.async_compile import shutdown_compile_workers
+
+        shutdown_compile_workers()
+    except Exception:  # noqa: BLE001 - housekeeping only; the compiled step is built either way
+        pass
+
+
+def _usable_folder(folder: Path) -> None:
+    """Create `folder` and check a file can be written in it; OSError otherwise (e.g. a file of that name)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    probe = folder / f".hfspec-probe-{os.getpid()}"
+    probe.write_bytes(b"")
+    probe.unlink()
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0][:200]}" if text else type(error).__name__
+
+
+def _inductor_dir_unchosen() -> bool:
+    """True unless the user chose inductor's cache folder (torch writes its /tmp default into the environment)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    return chosen is None or os.path.abspath(chosen) == os.path.abspath(default_cache_dir())

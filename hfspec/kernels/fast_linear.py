@@ -1,0 +1,92 @@
+"""An fp32 verify pass at nearer the price of a one-token step: oneDNN-prepacked weights for multi-row linears.
+
+On CPUs torch's fp32 `F.linear` runs MKL: sgemv for one row, sgemm for more, and sgemm over the 2-16 rows of a
+verify pass costs 2-2.7x the one-row call at the shapes of 1-2B models (it repacks the weight every call). A
+weight reordered once into oneDNN's blocked layout (what inductor's freezing does) skips that repacking
+(`benchmarks/bench_fp32_linear.py` measures both). `prepack(model)` gives each plain fp32 `nn.Linear` of the
+model such a copy and sends calls of two rows or more through it; one-row calls keep `F.linear`, so plain
+decoding is unchanged. What the model computes changes only by float rounding (another summation order).
+
+The price is memory: a second fp32 copy of every linear weight (`prepack` returns the bytes it added), which is
+why it is opt-in: `hfspec.kernels.fast_linear.prepack(target)`, undone by `unprepack(target)`. bf16 / fp16 models are
+left alone (oneDNN's half-precision matmul over a few rows already costs about one row).
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+MIN_ROWS = 2  # calls with at least this many rows use the prepacked weight
+
+
+def available() -> bool:
+    """True when this torch has oneDNN's prepacked fp32 linear and it computes F.linear on a probe."""
+    try:
+        w = torch.randn(8, 16, generator=torch.Generator().manual_seed(0))
+        x = torch.randn(3, 16, generator=torch.Generator().manual_seed(1))
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+        got = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+        return bool(torch.backends.mkldnn.is_available() and torch.allclose(got, F.linear(x, w), atol=1e-5))
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return False
+
+
+class _Packed:
+    """A linear weight in oneDNN's layout, with the version of the weight it was made from. A deep copy of the
+    module (e.g. a quantised draft's skeleton) gets no packed weight and runs F.linear: the copy's weights may
+    change, and an opaque oneDNN tensor cannot be copied anyway."""
+
+    def __init__(self, weight: torch.Tensor):
+        self.version = weight._version
+        self.tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+
+    def __deepcopy__(self, memo):
+        return None
+
+
+def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    packed = self.hfspec_packed
+    rows = x.numel() // self.in_features if x.dim() else 0
+    if (packed is None or rows < MIN_ROWS or x.dtype != torch.float32 or x.device.type != "cpu"
+            or torch.is_grad_enabled()):
+        return F.linear(x, self.weight, self.bias)
+    if packed.version != self.weight._version:  # the weight changed in place since: pack it again
+        packed = self.hfspec_packed = _Packed(self.weight)
+    y = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, self.in_features), packed.tensor, self.bias,
+                                           "none", [], "")
+    return y.view(*x.shape[:-1], self.out_features)
+
+
+def prepack(model: nn.Module) -> int:
+    """Give every plain fp32 CPU `nn.Linear` of `model` a oneDNN-prepacked copy used for calls of MIN_ROWS rows
+    or more; returns the bytes added (0 when oneDNN is unavailable or nothing qualifies). Idempotent."""
+    if not available():
+        return 0
+    added = 0
+    with torch.no_grad():
+        for module in model.modules():
+            if (type(module) is not nn.Linear or hasattr(module, "hfspec_packed")
+                    or module.weight.dtype != torch.float32 or module.weight.device.type != "cpu"):
+                continue
+            module.hfspec_packed = _Packed(module.weight)
+            module.forward = types.MethodType(_forward, module)
+            added += module.weight.numel() * module.weight.element_size()
+    return added
+
+
+def unprepack(model: nn.Module) -> None:
+    """Drop the prepacked copies: every linear runs `F.linear` again."""
+    for module in model.modules():
+        if hasattr(module, "hfspec_packed"):
+            del module.hfspec_packed
+            del module.forward  # the instance attribute: nn.Linear.forward again
+
+
+def prepacked_bytes(model: nn.Module) -> int:
+    """Bytes of the prepacked copies `model` holds (they are not parameters, so `weight_bytes` leaves them out)."""
+    return sum(m.weight.numel() * m.weight.element_size() for m in model.modules()
+               if getattr(m, "hfspec_packed", None) is not None)

@@ -1,0 +1,321 @@
+"""The layers of the lean draft step: weights as RTN codes or float (`LeanLinear`) and one decoder layer as a
+closure with the fewest operators (`_Block`), read from the Hugging Face modules of Llama-style families.
+
+`hfspec.kernels.lean` assembles them into a decoder with its own KV cache; see its docstring for the families.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hfspec.quant import groupwise, packing
+from hfspec.quant.calibrate import Coded
+from hfspec.quant.modules import FUSED_GROUP_SIZES
+
+# elements: 5-8-bit matrices smaller than this stay fp32 (bf16 matmuls are slow on CPUs
+# without bf16 units)
+DENSE_BELOW = 1 << 18
+# elements: at 2-4 bits a matrix this large or larger runs the int4 kernel. In a real decode the draft's step
+# alternates with the target's and finds its weights out of cache, so bytes read decide (an rtn4 step reads about
+# an eighth of the fp32 bytes); below 64 KB of fp32 a matrix stays in cache anyway and the kernel's casts cost
+# more than the bytes they save (benchmarks/ measures both sides)
+INT4_FROM = 1 << 14
+_ACTS = {"silu": F.silu, "swish": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+         "gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh")}
+_PATH_INT4 = "int4 CPU kernel (aten._weight_int4pack_mm_for_cpu)"
+
+
+# ------------------------------------------------------------------------------------------------ weights
+class LeanLinear(nn.Module):
+    """y = x W^T (+ b) for a weight [N, K] given as float (or as a list of float parts stacked along N, so a
+    fused QKV / gate-up matrix is never concatenated in float): RTN at `bits` (None: kept as is); or given as
+    `Coded` parts (a calibrated draft's codes at `bits`), stored as they are.
+
+    bits ≤ 4 with a kernel-friendly shape: codes in the int4 CPU kernel's layout (N padded to 64 with zero
+    rows, sliced off after the matmul); otherwise a dense matrix (the dequantised codes in bf16, or the float
+    weight itself, shared with the target when unquantised and unfused). Quantising runs a block of rows at a
+    time, so building holds the result plus one block of scratch, whatever the matrix's size."""
+
+    def __init__(self, w: torch.Tensor | Coded | list, bias: torch.Tensor | None, bits: int | None,
+                 group_size: int, share: bool = False):
+        super().__init__()
+        parts = [w] if isinstance(w, torch.Tensor | Coded) else list(w)
+        self.out_features, self.in_features = sum(p.shape[0] for p in parts), parts[0].shape[1]
+        numel = self.out_features * self.in_features
+        self.bits = bits
+        self.int4 = (bits is not None and bits <= 4 and parts[0].device.type == "cpu"
+                     and group_size in FUSED_GROUP_SIZES and self.in_features % group_size == 0
+                     and numel >= INT4_FROM and packing.int4_cpu_kernel_ok())
+        self.group_size = group_size
+        with torch.no_grad():
+            if self.int4:
+                padded = -(-self.out_features // 64) * 64
+                packed = torch.empty(padded, self.in_features // 2, dtype=torch.uint8)
+                sz = torch.empty(self.in_features // group_size, padded, 2, dtype=torch.bfloat16)
+                for start, end in _row_blocks(padded, self.in_features, 64):
+                    q, scale, zero = _quantized_rows(parts, start, end, bits, group_size)
+                    pad = end - start - q.shape[0]  # the last block: zero rows up to a multiple of 64
+                    if pad:
+                        q = torch.cat([q, q.new_zeros(pad, self.in_features)])
+                        scale = torch.cat([scale, scale.new_zeros(pad, scale.shape[1])])
+                        zero = torch.cat([zero, zero.new_zeros(pad, zero.shape[1])])
+                    packed[start:end] = packing.pack_int4_cpu(q)
+                    sz[:, start:end] = torch.stack([scale.float(), zero.float() + 8 * scale.float()], dim=-1
+                                                   ).transpose(0, 1).to(torch.bfloat16)
+                self.register_buffer("packed", packed)
+                self.register_buffer("scales_and_zeros", sz)
+                self.path = _PATH_INT4
+            elif bits is not None:
+                small = numel < DENSE_BELOW
+                dense = torch.empty(self.out_features, self.in_features,
+                                    dtype=torch.float32 if small else torch.bfloat16)
+                for start, end in _row_blocks(self.out_features, self.in_features, 1):
+                    q, scale, zero = _quantized_rows(parts, start, end, bits, group_size)
+                    dense[start:end] = groupwise.group_dequantize(q, scale, zero, group_size, dense.dtype)
+                self.register_buffer("weight", dense)
+                self.path = f"rtn{bits} dequantised to {'fp32 (small matrix)' if small else 'bf16'}"
+            else:
+                if any(isinstance(p, Coded) for p in parts):
+                    raise ValueError("lean linear: codes given for a float (bits=None) weight")
+                weight = parts[0].detach() if share and len(parts) == 1 else torch.cat([p.detach() for p in parts])
+                self.register_buffer("weight", weight)
+                self.path = f"{weight.dtype} float"
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matmul()(x.reshape(-1, self.in_features)).view(*x.shape[:-1], self.out_features)
+
+    def matmul(self):
+        """A function x [M, K] fp32 -> [M, N] fp32 with the fewest operators for this storage."""
+        bias, n = self.bias, self.out_features
+        if self.int4:
+            packed, group, sz, padded = self.packed, self.group_size, self.scales_and_zeros, self.packed.shape[0]
+            kernel = torch.ops.aten._weight_int4pack_mm_for_cpu
+            bf16 = torch.bfloat16
+
+            def int4(x):
+                y = kernel(x.to(bf16), packed, group, sz)
+                y = (y[:, :n] if padded != n else y).float()
+                return y if bias is None else y + bias
+            return int4
+        weight = self.weight
+        if weight.dtype == torch.float32:
+            return lambda x: F.linear(x, weight, bias)
+        return lambda x: (F.linear(x.to(weight.dtype), weight).float() + (0 if bias is None else bias))
+
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Rows of W (an embedding lookup through the same storage)."""
+        if self.int4:
+            codes = packing.unpack_int4_cpu(self.packed, self.in_features, ids)
+            sz = self.scales_and_zeros[:, ids].float()  # [G, R, 2]
+            scale, zero = sz[..., 0].t(), sz[..., 1].t() - 8 * sz[..., 0].t()
+            return groupwise.group_dequantize(codes, scale, zero, self.group_size, dtype)
+        return self.weight[ids].to(dtype)
+
+
+def _row_blocks(rows: int, cols: int, multiple: int):
+    """Row ranges of about groupwise.CHUNK_ELEMENTS values, each a multiple of `multiple` rows (but the last)."""
+    step = max(multiple, groupwise.CHUNK_ELEMENTS // max(1, cols) // multiple * multiple)
+    return ((start, min(rows, start + step)) for start in range(0, rows, step))
+
+
+def _quantized_rows(parts: list, start: int, end: int, bits: int, group_size: int):
+    """(codes, scale, zero) of rows [start, end) of the parts stacked along dim 0: RTN of float parts, or the
+    given codes of `Coded` parts (a calibrated draft's, which must be at `bits` / `group_size`)."""
+    if not any(isinstance(p, Coded) for p in parts):
+        return groupwise.group_quantize(_rows(parts, start, end), bits, group_size)
+    if not all(isinstance(p, Coded) for p in parts):
+        raise ValueError("lean linear: a fused matrix mixes codes and float parts")
+    coded = _rows(parts, start, end)
+    if int(coded.q.max()) >= 2**bits or coded.scale.shape[1] != -(-coded.q.shape[1] // group_size):
+        raise ValueError(f"lean linear: codes are not {bits}-bit in groups of {group_size}")
+    return coded.q, coded.scale, coded.zero
+
+
+def _rows(parts: list, start: int, end: int):
+    """Rows [start, end) of the parts stacked along dim 0 (past the end: fewer rows), without stacking them all."""
+    pieces, offset = [], 0
+    for part in parts:
+        n = part.shape[0]
+        if offset < end and offset + n > start:
+            pieces.append(part[max(0, start - offset):min(n, end - offset)])
+        offset += n
+    if len(pieces) == 1:
+        return pieces[0]
+    return Coded.cat(pieces) if isinstance(pieces[0], Coded) else torch.cat(pieces)
+
+
+# ------------------------------------------------------------------------------------------------ reading
+def _linear_parts(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if not isinstance(module, nn.Linear) or type(module).forward is not nn.Linear.forward:
+        raise _Unsupported(f"{type(module).__name__} is not a plain nn.Linear")
+    return module.weight, module.bias
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def _norm_weight(norm: nn.Module | None, hidden: int) -> tuple[torch.Tensor | None, float]:
+    """Effective RMSNorm weight (Gemma's (1 + w) folded in) and eps; (None, 0) when there is no norm."""
+    if norm is None:
+        return None, 0.0
+    name = type(norm).__name__
+    if "RMSNorm" not in name:
+        raise _Unsupported(f"norm {name} is not an RMSNorm")
+    weight = getattr(norm, "weight", None)
+    eps = getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", None) or 1e-6
+    if weight is None:
+        return torch.ones(hidden), float(eps)
+    source = inspect.getsource(type(norm).forward)
+    if "1.0 + self.weight" in source or "1 + self.weight" in source:
+        return (1.0 + weight.detach().float()), float(eps)
+    if "self.weight" not in source:
+        raise _Unsupported(f"norm {name}: unknown formula")
+    return weight.detach().float().clone(), float(eps)
+
+
+def _activation_name(config) -> str | None:
+    """The MLP activation's name (Gemma configs call it hidden_activation)."""
+    return getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
+
+
+
+def _layer_type(config, index: int):
+    types = getattr(config, "layer_types", None)
+    return types[index] if types else None
+
+
+def _pair_rotary_rows(w: torch.Tensor | None, heads: int, head_dim: int, rot: int) -> torch.Tensor | None:
+    """Reorder each head's first `rot` rows from (0..R/2-1, R/2..R-1) to interleaved (0, R/2, 1, R/2+1, ...)."""
+    if w is None:
+        return None
+    half = rot // 2
+    order = torch.arange(head_dim)
+    order[:rot] = torch.stack([torch.arange(half), torch.arange(half) + half], dim=1).flatten()
+    index = (torch.arange(heads)[:, None] * head_dim + order[None]).flatten()
+    return w[index] if w.dim() >= 1 and w.shape[0] == heads * head_dim else w[order]
+
+
+class _Block(nn.Module):
+    """One decoder layer's weights; `step()` returns its forward as a function with the fewest operators."""
+
+    def __init__(self, layer: nn.Module, bits: int | None, group_size: int, codes: dict | None = None):
+        super().__init__()
+        attn, mlp = layer.self_attn, layer.mlp
+        coded = codes or {}
+
+        def parts(module):  # a calibrated draft's codes stand in for the float weight they quantise
+            w, b = _linear_parts(module)
+            return coded.get(id(w), w), b
+
+        config = attn.config
+        self.head_dim = getattr(attn, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.heads = config.num_attention_heads
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
+        self.scaling = float(attn.scaling)
+        self.window = getattr(attn, "sliding_window", None)
+        if self.window is None and not hasattr(attn, "sliding_window") and "Mistral" in type(attn).__name__:
+            self.window = getattr(config, "sliding_window", None)
+        self.hidden = hidden = config.hidden_size
+        d, nq, nkv = self.head_dim, self.heads, self.kv_heads
+        rope = config.rope_parameters if isinstance(getattr(config, "rope_parameters", None), dict) else {}
+        self.rot = int(d * rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)))
+        if hasattr(attn, "qkv_proj"):
+            w, b = parts(attn.qkv_proj)
+            wq, wk, wv = w.split([nq * d, nkv * d, nkv * d])
+            bq, bk, bv = (None, None, None) if b is None else b.split([nq * d, nkv * d, nkv * d])
+        else:
+            (wq, bq), (wk, bk), (wv, bv) = (parts(getattr(attn, n)) for n in ("q_proj", "k_proj", "v_proj"))
+        wq, bq = _pair_rotary_rows(wq, nq, d, self.rot), _pair_rotary_rows(bq, nq, d, self.rot)
+        wk, bk = _pair_rotary_rows(wk, nkv, d, self.rot), _pair_rotary_rows(bk, nkv, d, self.rot)
+        biases = [bq, bk, bv]
+        b = None if all(x is None for x in biases) else torch.cat([
+            x if x is not None else torch.zeros(n) for x, n in zip(biases, (nq * d, nkv * d, nkv * d), strict=True)])
+        self.qkv = LeanLinear([wq, wk, wv], b, bits, group_size)
+        self.o = LeanLinear(*parts(attn.o_proj), bits, group_size)
+        if hasattr(mlp, "gate_up_proj"):
+            w, b = parts(mlp.gate_up_proj)
+        else:
+            (wg, bg), (wu, bu) = parts(mlp.gate_proj), parts(mlp.up_proj)
+            w, b = [wg, wu], (None if bg is None else torch.cat([bg, bu]))
+        self.inter = sum(part.shape[0] for part in ([w] if isinstance(w, torch.Tensor | Coded) else w)) // 2
+        self.gate_up = LeanLinear(w, b, bits, group_size)
+        self.down = LeanLinear(*parts(mlp.down_proj), bits, group_size)
+        self.in_norm, self.eps = _norm_weight(layer.input_layernorm, hidden)
+        post_attn, _ = _norm_weight(getattr(layer, "post_attention_layernorm", None), hidden)
+        pre_ff, _ = _norm_weight(getattr(layer, "pre_feedforward_layernorm", None), hidden)
+        sandwich = pre_ff is not None
+        # Gemma 2/3: post_attention_layernorm normalises the attention output, pre_feedforward the MLP input.
+        self.attn_out_norm = post_attn if sandwich else None
+        self.mlp_in_norm = pre_ff if sandwich else post_attn
+        self.mlp_out_norm, _ = _norm_weight(getattr(layer, "post_feedforward_layernorm", None), hidden)
+        q_norm, _ = _norm_weight(getattr(attn, "q_norm", None), d)
+        k_norm, _ = _norm_weight(getattr(attn, "k_norm", None), d)
+        self.qk_norm = None
+        if q_norm is not None:  # one weight per head row [nq + nkv, D], permuted like the rows of W_q, W_k
+            q_norm, k_norm = _pair_rotary_rows(q_norm, 1, d, self.rot), _pair_rotary_rows(k_norm, 1, d, self.rot)
+            self.qk_norm = torch.cat([q_norm.expand(nq, d), k_norm.expand(nkv, d)])
+
+    def linears(self) -> list[LeanLinear]:
+        return [self.qkv, self.o, self.gate_up, self.down]
+
+    def step(self, act):
+        """This layer's forward h [B, T, hidden] -> h, as a closure over its weights."""
+        qkv, o_proj, gate_up, down = (lin.matmul() for lin in self.linears())
+        hidden, eps, d, nq, nkv, inter = self.hidden, self.eps, self.head_dim, self.heads, self.kv_heads, self.inter
+        in_norm, attn_out_norm, mlp_in_norm, mlp_out_norm = (self.in_norm, self.attn_out_norm, self.mlp_in_norm,
+                                                             self.mlp_out_norm)
+        qk_norm, scaling, gqa, rot, nqk = self.qk_norm, self.scaling, nq != nkv, self.rot, nq + nkv
+        rms, sdpa = torch.rms_norm, F.scaled_dot_product_attention
+
+        def forward(h, freqs, keys, values, start, end, mask):
+            batch, steps, _ = h.shape
+            x = rms(h, (hidden,), in_norm, eps).view(-1, hidden)
+            y = qkv(x).view(batch, steps, nqk + nkv, d)
+            qk, v = y[:, :, :nqk], y[:, :, nqk:]
+            if qk_norm is not None:
+                qk = rms(qk, (d,), None, eps) * qk_norm
+            if rot == d:
+                qk = torch.view_as_real(torch.view_as_complex(qk.reshape(batch, steps, nqk, d // 2, 2)) * freqs)
+                qk = qk.view(batch, steps, nqk, d)
+            else:
+                part = torch.view_as_complex(qk[..., :rot].reshape(batch, steps, nqk, rot // 2, 2)) * freqs
+                qk = torch.cat([torch.view_as_real(part).view(batch, steps, nqk, rot), qk[..., rot:]], dim=-1)
+            qk = qk.transpose(1, 2)
+            if end is None:  # static shapes (the compiled one-token step): slot `start` is a tensor, attend masked
+                keys.index_copy_(2, start, qk[:, nq:])
+                values.index_copy_(2, start, v.transpose(1, 2))
+                o = _attend_one(qk[:, :nq], keys, values, mask, scaling)
+            else:
+                keys[:, :, start:end] = qk[:, nq:]
+                values[:, :, start:end] = v.transpose(1, 2)
+                o = sdpa(qk[:, :nq], keys[:, :, :end], values[:, :, :end], attn_mask=mask, scale=scaling,
+                         enable_gqa=gqa)
+            o = o_proj(o.transpose(1, 2).reshape(-1, nq * d)).view(batch, steps, hidden)
+            if attn_out_norm is not None:
+                o = rms(o, (hidden,), attn_out_norm, eps)
+            h = h + o
+            x = rms(h, (hidden,), mlp_in_norm, eps).view(-1, hidden)
+            gate, up = gate_up(x).split([inter, inter], dim=-1)
+            m = down(act(gate) * up).view(batch, steps, hidden)
+            if mlp_out_norm is not None:
+                m = rms(m, (hidden,), mlp_out_norm, eps)
+            return h + m
+
+        return forward
+
+
+def _attend_one(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float):
+    """Attention of one query per head q [B, H, 1, D] over cache slots [B, H_kv, S, D] where `mask` [.., S] holds,
+    as plain reductions (which a compiler fuses; SDPA is an opaque call): query heads grouped by their KV head."""
+    batch, heads, _, dim = q.shape
+    kv_heads = keys.shape[1]
+    q = q.reshape(batch, kv_heads, heads // kv_heads, dim)
+    scores = torch.einsum("bhgd,bhsd->bhgs", q, keys) * scale
+    weights = torch.softmax(scores.masked_fill(~mask.view(1, 1, 1, -1), -float("inf")), dim=-1)
+    return torch.einsum("bhgs,bhsd->bhgd", weights, values).reshape(batch, heads, 1, dim)
