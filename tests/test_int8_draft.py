@@ -167,3 +167,24 @@ def test_bytes_are_a_byte_a_weight_plus_a_scale_a_row():
     codes = sum(lin.codes.numel() for block in draft.blocks for lin in block.linears())
     scales = sum(lin.scales.numel() * 2 for block in draft.blocks for lin in block.linears())
     assert hfspec.drafts.weight_bytes(draft) >= codes + scales
+
+
+@pytest.mark.slow
+def test_compiled_int8_step_computes_the_eager_step(tmp_path, monkeypatch):
+    from hfspec.drafts import compiled
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setattr(compiled, "COMPILE_DIR", tmp_path)  # inductor's artefacts never in the user's ~/.cache
+    target = _target()
+    fast, eager = make_draft(target, "int8-compiled"), make_draft(target, "int8")
+    assert fast.compiled_step is not None and "one-token step compiled" in describe(fast)["step"]
+    ids = _ids(16)
+    steps = {}
+    for name, draft in (("fast", fast), ("eager", eager)):
+        cache = draft.hfspec_new_cache()
+        draft.logits(ids[:, :8], None, None, cache, 1)
+        steps[name] = torch.cat([draft.logits(ids[:, i:i + 1], None, None, cache, 1) for i in range(8, 16)], 1)
+    assert _relative_error(steps["fast"], steps["eager"]) <= 2 ** -6
+    prompt = _ids(6, seed=3)
+    spec = hfspec.generate(target, prompt, draft=fast, gamma=4, temperature=0, max_new_tokens=16)
+    assert torch.equal(spec.sequences, hfspec.plain_generate(target, prompt, temperature=0, max_new_tokens=16).sequences)
