@@ -7,8 +7,8 @@ per output row, the CPU int8 kernel), per model and target dtype.
 Per model and dtype: each draft's one-token step and the target's on a warm KV cache of `--context` tokens
 (cropped back after each call, untimed), timed by the benchmarks' one operator timer (`common.time_operators`:
 interleaved rounds, the order rotating, two warm-up rounds not counted, outlier rounds re-measured): median
-milliseconds, c = draft step / target step as the median of per-round ratios with its interval [low–high], the
-rounds kept and the stability verdict. Then each draft's fidelity (mean Σ min(p, q) of the next-token
+milliseconds, c = draft step / target step as the median of per-round ratios with its interval [low–high], and
+after each model and dtype the rounds kept and the stability verdict. Then each draft's fidelity (mean Σ min(p, q) of the next-token
 distributions, `hfspec.drafts.fidelity`) over the prompt and the target's greedy continuation of it, timing-free,
 and the draft's bytes (`hfspec.drafts.weight_bytes`). `-compiled` drafts in --drafts are built once (inductor's
 artefacts are kept in HFSPEC_COMPILE_DIR).
@@ -59,7 +59,7 @@ def main() -> None:
     lines = [f"<!-- threads {args.threads}, context {args.context}, {args.steps} interleaved rounds; load average at "
              f"start {os.getloadavg()[0]:.2f} -->",
              "| model | dtype | draft | target ms | draft ms | c (draft / target step) | fidelity | draft MB "
-             "| verdict | step path |", "|" + "---|" * 10]
+             "| step path |", "|" + "---|" * 9]
     print("\n".join(lines), flush=True)
     rows = []
     for name, folder in model_folders(args).items():
@@ -83,9 +83,12 @@ def main() -> None:
                        **verdict_columns(timings)}
                 rows.append(row)
                 line = (f"| {name} | {dtype} | {spec} | {row['target_ms']:.2f} | {row['draft_ms']:.2f} | {c.cell('.3f')} "
-                        f"| {row['fidelity']:.4f} | {row['draft_bytes'] / 1e6:.1f} | {verdict} | {row['path']} |")
+                        f"| {row['fidelity']:.4f} | {row['draft_bytes'] / 1e6:.1f} | {row['path']} |")
                 lines.append(line)
                 print(line, flush=True)
+            note = f"<!-- {name} {dtype}: {verdict} -->"  # one verdict for the rounds that timed every draft
+            lines.append(note)
+            print(note, flush=True)
             del target, drafts
     tail = f"<!-- load average at the end {os.getloadavg()[0]:.2f} -->"
     lines.append(tail)
