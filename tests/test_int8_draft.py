@@ -110,6 +110,16 @@ def test_greedy_output_equals_plain_with_the_int8_draft(family):
     assert spec.stats.draft_forwards > 0
 
 
+def test_a_bf16_target_decodes_exactly_with_the_int8_draft():
+    target = _target().to(torch.bfloat16)
+    draft = make_draft(target, "int8")
+    assert all(lin.int8 for block in draft.blocks for lin in block.linears())
+    prompt = _ids(6, seed=4)
+    spec = hfspec.generate(target, prompt, draft=draft, gamma=4, temperature=0, max_new_tokens=16)
+    plain = hfspec.plain_generate(target, prompt, temperature=0, max_new_tokens=16)
+    assert torch.equal(spec.sequences, plain.sequences)
+
+
 def test_micro_int8_is_close():
     target = AutoModelForCausalLM.from_pretrained(MICRO, dtype=torch.float32).eval()
     ids = torch.randint(3, 2000, (1, 48), generator=torch.Generator().manual_seed(0))
