@@ -91,7 +91,7 @@ class DraftKind:
 
 
 # The modules of the built-in kinds, each defining `KIND`, in display order (a kind naming a model goes last).
-BUILTIN = ("hfspec.drafts.rtn", "hfspec.drafts.calibrated", "hfspec.drafts.bnb", "hfspec.drafts.int8", "hfspec.drafts.lookup", "hfspec.drafts.sibling")
+BUILTIN = ("hfspec.drafts.rtn", "hfspec.drafts.calibrated", "hfspec.drafts.bnb", "hfspec.drafts.int8", "hfspec.drafts.mixed", "hfspec.drafts.lookup", "hfspec.drafts.sibling")
 
 KINDS: dict[str, DraftKind] = {}
 
