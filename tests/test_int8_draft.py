@@ -198,3 +198,50 @@ def test_compiled_int8_step_computes_the_eager_step(tmp_path, monkeypatch):
     prompt = _ids(6, seed=3)
     spec = hfspec.generate(target, prompt, draft=fast, gamma=4, temperature=0, max_new_tokens=16)
     assert torch.equal(spec.sequences, hfspec.plain_generate(target, prompt, temperature=0, max_new_tokens=16).sequences)
+
+
+def test_mixed_spec_puts_the_chosen_layers_at_int8():
+    target = _target()
+    draft = make_draft(target, "rtn4+int8:L1")
+    paths = [{lin.path for lin in block.linears()} for block in draft.blocks]
+    assert paths[1] == {int8.PATH} and int8.PATH not in paths[0]
+    assert draft.hfspec_draft_spec == "rtn4-g32+int8:L1"
+    prompt = _ids(6, seed=3)
+    spec = hfspec.generate(target, prompt, draft=draft, gamma=4, temperature=0, max_new_tokens=16)
+    assert torch.equal(spec.sequences, hfspec.plain_generate(target, prompt, temperature=0, max_new_tokens=16).sequences)
+    # every layer at int8 computes what the int8 draft computes (the head here is the target's own: small)
+    ids = _ids()
+    assert torch.equal(make_draft(target, "rtn4+int8:L0-L1")(ids).logits, make_draft(target, "int8")(ids).logits)
+
+
+def test_mixed_head_at_int8():
+    big = sharpen(build_family("llama", init=0.1, vocab=40000, layers=1), 6.0)  # a head of 1.28M weights
+    assert make_draft(big, "rtn4+int8:head-top0").head.path == int8.PATH
+    assert make_draft(big, "rtn4-top0").head.path != int8.PATH
+
+
+@pytest.mark.parametrize("text,label", [
+    ("rtn4+int8:head", "rtn4-g32+int8:head"),
+    ("RTN3-g64+int8:l2,l0-l1,head-top0-compiled", "rtn3-g64+int8:head,L0-L2-top0-compiled"),
+])
+def test_mixed_specs_read(text, label):
+    spec = parse_draft_spec(text)
+    assert spec.kind == "mixed" and spec.label == label
+    assert parse_draft_spec(registry.spec_of("mixed", registry.fields_of(text))).label == label
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("rtn4+int8:L3-L1", "int8 layer range L3-L1 runs backwards"),
+    ("rtn4+int8:attn", "UNITS a comma-separated list of head, Li and Li-Lj"),
+    ("rtn9+int8:head", "bits must be 2..8, got 9"),
+    ("rtn4-g4+int8:head", "group size must be 8..8192, got 4"),
+])
+def test_bad_mixed_specs_name_the_field(text, needle):
+    with pytest.raises(HfspecError) as err:
+        parse_draft_spec(text)
+    assert needle in str(err.value) and "rtnB[-gN]+int8:UNITS" in str(err.value)
+
+
+def test_mixed_refuses_a_layer_the_target_lacks():
+    with pytest.raises(HfspecError, match=r"int8 unit L5 is not a layer of this target; allowed: head, L0..L1"):
+        make_draft(_target(), "rtn4+int8:L5")
