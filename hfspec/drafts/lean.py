@@ -5,7 +5,9 @@ both to sample and to accept, so any implementation keeps the output exact. This
 decoder layer does in the fewest operators: RMSNorm (`torch.rms_norm`), one fused QKV matmul, rotary from a
 precomputed table, a preallocated KV cache whose rollback is a length, SDPA, one fused gate/up matmul.
 Weights are RTN codes in groups (2-4 bits run the CPU int4 kernel; 5-8 bits are dequantised to bf16), codes
-given by a calibrated draft in the same format (`codes`), or the target's own float weights (bits=None).
+given by a calibrated draft in the same format (`codes`), per-channel int8 run by the CPU int8 kernel (group size
+`hfspec.quant.int8.PER_CHANNEL`; `formats` gives chosen layers or the head such a format of their own), or the
+target's own float weights (bits=None).
 
 Families (read from the HF modules, not from names): Llama, Mistral, Qwen2 (QKV bias), Qwen3 (q/k norm),
 Gemma (1 + w norms, scaled embedding, GeLU), Gemma 2 / Gemma 3 text (sandwich norms, per-layer-type rotary,
