@@ -38,8 +38,9 @@ class LeanLinear(nn.Module):
     bits ≤ 4 with a kernel-friendly shape: codes in the int4 CPU kernel's layout (N padded to 64 with zero
     rows, sliced off after the matmul); bits 8 with group_size `int8.PER_CHANNEL` (0): symmetric int8 codes with
     one scale per row, run by the CPU int8 kernel (`hfspec.quant.int8`); otherwise a dense matrix (the dequantised
-    codes in bf16, or the float weight itself, shared with the target when unquantised and unfused). Quantising runs a block of rows at a
-    time, so building holds the result plus one block of scratch, whatever the matrix's size."""
+    codes in bf16, or the float weight itself, shared with the target when unquantised and unfused). Quantising
+    runs a block of rows at a time, so building holds the result plus one block of scratch, whatever the matrix's
+    size."""
 
     def __init__(self, w: torch.Tensor | Coded | list, bias: torch.Tensor | None, bits: int | None,
                  group_size: int, share: bool = False):
