@@ -59,6 +59,8 @@ run "adaptive smollm2" python bench_adaptive.py --models smollm2 --smollm2 "$SMO
 run memory python bench_memory.py --smollm2 "$SMOLLM2"
 run head python bench_head.py --models micro,smollm2 --smollm2 "$SMOLLM2" --repeats 3 --max-new-tokens 128
 run wrapper env HFSPEC_COMPILE_DIR="$TMP/compile" python bench_wrapper.py --models micro,smollm2 --smollm2 "$SMOLLM2" --repeats 3
+run int8 python bench_int8.py --models micro,smollm2-offgrid --smollm2-offgrid "$OFFGRID" --dtypes float32,bfloat16 \
+    --drafts rtn4,rtn8,int8 --steps 30
 run tokens python bench_tokens.py --smollm2 "$SMOLLM2"
 run sibling python bench_sibling.py --pairs micro-nano,smollm2-360m/135m --repeats 5
 run scale python bench_scale.py --shapes smollm2-135m --dtypes bf16 --quick --out ''  # results/scale.* stay the full run's

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from hfspec.drafts import bnb, calibrated, lookup, registry, rtn, sibling
+from hfspec.drafts import bnb, calibrated, int8, lookup, mixed, registry, rtn, sibling
 from hfspec.drafts.base import Draft, ModelDraft, NoDraft, as_draft
 from hfspec.drafts.cost import CostReport, measure_cost, weight_bytes
 from hfspec.drafts.fidelity import fidelity, warn_if_unfaithful
@@ -19,7 +19,7 @@ from hfspec.errors import HfspecError
 from hfspec.quant.swap import summary
 
 # The modules of the built-in kinds, each defining `KIND`, in display order (a kind naming a model goes last).
-BUILTIN = (rtn, calibrated, bnb, lookup, sibling)
+BUILTIN = (rtn, calibrated, bnb, int8, mixed, lookup, sibling)
 registry.load_builtin(module.KIND for module in BUILTIN)
 
 __all__ = [

@@ -84,7 +84,7 @@ class GroupSpecs:
 
     def parse(self, text: str, low: str) -> DraftSpec | None:
         p = self.prefix
-        if not low.startswith(p):
+        if not low.startswith(p) or "+" in low:  # "rtn4+int8:…" is the mixed kind's (hfspec.drafts.mixed)
             return None
         match = self.pattern.fullmatch(low)
         if not match:

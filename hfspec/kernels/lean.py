@@ -5,7 +5,9 @@ both to sample and to accept, so any implementation keeps the output exact. This
 decoder layer does in the fewest operators: RMSNorm (`torch.rms_norm`), one fused QKV matmul, rotary from a
 precomputed table, a preallocated KV cache whose rollback is a length, SDPA, one fused gate/up matmul.
 Weights are RTN codes in groups (2-4 bits run the CPU int4 kernel; 5-8 bits are dequantised to bf16), codes
-given by a calibrated draft in the same format (`codes`), or the target's own float weights (bits=None).
+given by a calibrated draft in the same format (`codes`), per-channel int8 run by the CPU int8 kernel (group size
+`hfspec.quant.int8.PER_CHANNEL`; `formats` gives chosen layers or the head such a format of their own), or the
+target's own float weights (bits=None).
 
 Families (read from the HF modules, not from names): Llama, Mistral, Qwen2 (QKV bias), Qwen3 (q/k norm),
 Gemma (1 + w norms, scaled embedding, GeLU), Gemma 2 / Gemma 3 text (sandwich norms, per-layer-type rotary,
@@ -123,7 +125,8 @@ class LeanDecoder(nn.Module):
     costs no more time than its int4 codes there and gives the target's logits."""
 
     def __init__(self, target: nn.Module, bits: int | None, group_size: int = 32, max_positions: int | None = None,
-                 progress=None, head_top: int | None = None, codes: dict | None = None):
+                 progress=None, head_top: int | None = None, codes: dict | None = None,
+                 formats: dict | None = None):
         super().__init__()
         why = lean_reason(target)
         if why is not None:
@@ -138,8 +141,11 @@ class LeanDecoder(nn.Module):
         self.vocab = head.weight.shape[0]
         small = head_top is None and head.weight.numel() < HEAD_FLOAT_BELOW
         coded = codes or {}  # id(float weight) -> its `Coded` (a calibrated draft's): used instead of RTN
+        # formats: "head" or a layer index -> (bits, group_size) of that unit, instead of (bits, group_size)
+        formats = formats or {}
+        head_bits, head_group = formats.get("head", (bits, group_size))
         self.head = LeanLinear(head.weight if small else coded.get(id(head.weight), head.weight),
-                               getattr(head, "bias", None), None if small else bits, group_size, share=True)
+                               getattr(head, "bias", None), None if small else head_bits, head_group, share=True)
         self.head_top = 0 if bits is None or small else min(HEAD_TOP if head_top is None else int(head_top),
                                                              self.vocab)
         # Plain attributes, not buffers: the target's own head, read K rows per position when re-scoring.
@@ -154,7 +160,7 @@ class LeanDecoder(nn.Module):
         self.embed_scale = float(scale.to(embed.weight.dtype)) if scale is not None else None
         self.final_norm, self.eps = _norm_weight(inner.norm, self.hidden)
         self.softcap = getattr(config, "final_logit_softcapping", None)
-        self.blocks = nn.ModuleList(_built_blocks(layers, bits, group_size, progress, coded))
+        self.blocks = nn.ModuleList(_built_blocks(layers, bits, group_size, progress, coded, formats))
         self.head_dim, self.kv_heads = self.blocks[0].head_dim, self.blocks[0].kv_heads
         self.max_positions = max_positions or getattr(config, "max_position_embeddings", 4096) or 4096
         self._rotary = inner.rotary_emb
@@ -332,13 +338,14 @@ def lean_step_of(model: nn.Module) -> LeanDecoder | None:
     return lean
 
 
-def _built_blocks(layers, bits: int | None, group_size: int, progress, codes: dict) -> list[_Block]:
+def _built_blocks(layers, bits: int | None, group_size: int, progress, codes: dict,
+                  formats: dict | None = None) -> list[_Block]:
     """One `_Block` per decoder layer, saying how far it got every BUILD_PROGRESS_EVERY seconds (big targets
     take a while)."""
     say = progress or (lambda message: None)
     blocks, began, shown = [], time.perf_counter(), 0.0
     for i, layer in enumerate(layers):
-        blocks.append(_Block(layer, bits, group_size, codes))
+        blocks.append(_Block(layer, *(formats or {}).get(i, (bits, group_size)), codes))
         spent = time.perf_counter() - began
         if spent - shown >= BUILD_PROGRESS_EVERY or (i + 1 == len(layers) and shown):
             say(f"building the draft: layer {i + 1}/{len(layers)} ({spent:.0f} s)")

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hfspec.quant import groupwise, packing
+from hfspec.quant import groupwise, int8, packing
 from hfspec.quant.calibrate import Coded
 from hfspec.quant.modules import FUSED_GROUP_SIZES
 
@@ -36,9 +36,11 @@ class LeanLinear(nn.Module):
     `Coded` parts (a calibrated draft's codes at `bits`), stored as they are.
 
     bits ≤ 4 with a kernel-friendly shape: codes in the int4 CPU kernel's layout (N padded to 64 with zero
-    rows, sliced off after the matmul); otherwise a dense matrix (the dequantised codes in bf16, or the float
-    weight itself, shared with the target when unquantised and unfused). Quantising runs a block of rows at a
-    time, so building holds the result plus one block of scratch, whatever the matrix's size."""
+    rows, sliced off after the matmul); bits 8 with group_size `int8.PER_CHANNEL` (0): symmetric int8 codes with
+    one scale per row, run by the CPU int8 kernel (`hfspec.quant.int8`); otherwise a dense matrix (the dequantised
+    codes in bf16, or the float weight itself, shared with the target when unquantised and unfused). Quantising
+    runs a block of rows at a time, so building holds the result plus one block of scratch, whatever the matrix's
+    size."""
 
     def __init__(self, w: torch.Tensor | Coded | list, bias: torch.Tensor | None, bits: int | None,
                  group_size: int, share: bool = False):
@@ -51,8 +53,25 @@ class LeanLinear(nn.Module):
                      and group_size in FUSED_GROUP_SIZES and self.in_features % group_size == 0
                      and numel >= INT4_FROM and packing.int4_cpu_kernel_ok())
         self.group_size = group_size
+        per_channel = bits == 8 and group_size == int8.PER_CHANNEL
+        self.int8 = per_channel and self.in_features % int8.K_MULTIPLE == 0
         with torch.no_grad():
-            if self.int4:
+            if per_channel:
+                if any(isinstance(p, Coded) for p in parts):
+                    raise ValueError("lean linear: per-channel int8 takes float weights, not codes")
+                codes = torch.empty(self.out_features, self.in_features, dtype=torch.int8)
+                scales = torch.empty(self.out_features, dtype=torch.bfloat16)
+                for start, end in _row_blocks(self.out_features, self.in_features, 1):
+                    codes[start:end], scale = int8.quantize_rows(_rows(parts, start, end))
+                    scales[start:end] = scale
+                if self.int8:
+                    self.register_buffer("codes", codes)
+                    self.register_buffer("scales", scales)
+                    self.path = int8.PATH
+                else:  # a K the kernel cannot take: the same grid, dequantised to fp32
+                    self.register_buffer("weight", int8.dequantize(codes, scales))
+                    self.path = f"int8 per-channel dequantised to fp32 (K % {int8.K_MULTIPLE} != 0)"
+            elif self.int4:
                 padded = -(-self.out_features // 64) * 64
                 packed = torch.empty(padded, self.in_features // 2, dtype=torch.uint8)
                 sz = torch.empty(self.in_features // group_size, padded, 2, dtype=torch.bfloat16)
@@ -102,6 +121,8 @@ class LeanLinear(nn.Module):
                 y = (y[:, :n] if padded != n else y).float()
                 return y if bias is None else y + bias
             return int4
+        if self.int8:
+            return int8.matmul_fn(self.codes, self.scales, bias)
         weight = self.weight
         if weight.dtype == torch.float32:
             return lambda x: F.linear(x, weight, bias)
@@ -114,6 +135,8 @@ class LeanLinear(nn.Module):
             sz = self.scales_and_zeros[:, ids].float()  # [G, R, 2]
             scale, zero = sz[..., 0].t(), sz[..., 1].t() - 8 * sz[..., 0].t()
             return groupwise.group_dequantize(codes, scale, zero, self.group_size, dtype)
+        if self.int8:
+            return int8.dequantize(self.codes[ids], self.scales[ids], dtype)
         return self.weight[ids].to(dtype)
 
 
