@@ -238,9 +238,11 @@ def test_sweep_and_compare_time_what_a_run_of_the_same_settings_times(session, m
     the plain chain while the run timed the tree)."""
     from hfspec.cli import main
 
+    from hfspec.measure import sweep as engine
+
     seen = []
-    generate = hfspec.generate
-    monkeypatch.setattr(hfspec, "generate", lambda *a, **k: seen.append((k.get("tree"), k.get("early_exit")))
+    generate = engine.generate  # what the sweep engine calls (imported at module level)
+    monkeypatch.setattr(engine, "generate", lambda *a, **k: seen.append((k.get("tree"), k.get("early_exit")))
                         or generate(*a, **k))
     settings = replace(micro, draft="rtn4", max_new_tokens=4)
     session.sweep(replace(settings, tree=2), gammas=[2], repeats=1)  # a warm-up pair and one pair
