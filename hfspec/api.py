@@ -12,7 +12,7 @@ import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from hfspec import validate
-from hfspec.decoding.costmodel import prior_model
+from hfspec.decoding.costmodel import draft_step_prior, prior_model
 from hfspec.decoding.coupling import GumbelNoise
 from hfspec.decoding.early_exit import check_early_exit, with_early_exit
 from hfspec.decoding.gamma import AdaptiveGamma, FixedGamma
@@ -96,7 +96,7 @@ def speculative_generate(
         check_early_exit(request.early_exit, draft)
         job.policy = with_early_exit(job.policy, stats)
         if request.seed is not None and hasattr(job.policy, "freeze"):
-            job.policy.freeze(stats.c_bytes)  # like γ "auto": a seeded run's text must not depend on timing
+            job.policy.freeze(_c_prior(stats, input_ids.device))  # like γ "auto": the text must not depend on timing
     result = decode(model, draft, input_ids, model_kwargs.get("attention_mask"), job)
     if generation_config.return_dict_in_generate:
         return SpeculativeOutput(sequences=result.sequences, stats=result.stats, token_kinds=result.kinds)
@@ -210,15 +210,21 @@ def _seeded_policy(gamma, stats: SpecStats, device=None):
     from this run's timings, so the seed alone fixes the text on a quiet or a busy machine (`hfspec.decoding.gamma`)."""
     if gamma == "auto":
         kind = torch.device(device).type if device is not None else "cpu"
-        return AdaptiveGamma(c_prior=stats.c_bytes, timed=False,
-                             profile=prior_model(stats.c_bytes, kind, stats.target_dtype))
+        c = _c_prior(stats, kind)
+        return AdaptiveGamma(c_prior=c, timed=False, profile=prior_model(c, kind, stats.target_dtype))
     return FixedGamma(int(gamma))
+
+
+def _c_prior(stats: SpecStats, device) -> float:
+    """A draft step's cost in target steps, fixed before decoding: the bytes ratio scaled for the device and the
+    target's dtype (`draft_step_prior`)."""
+    return draft_step_prior(stats.c_bytes, torch.device(device).type, stats.target_dtype)
 
 
 def _tree(request: Request, stats: SpecStats, device):
     """The run's tree: sibling leaves (`tree` 2..8), a token tree ("auto" or a `TreeShape`), or None. With a seed,
     "auto" sizes the tree from priors fixed before decoding, never from this run's timings (like γ "auto")."""
-    dynamic = make_tree(request.tree, request.seed is not None, stats.c_bytes, torch.device(device).type,
+    dynamic = make_tree(request.tree, request.seed is not None, _c_prior(stats, device), torch.device(device).type,
                         stats.target_dtype)
     if dynamic is not None:
         return dynamic

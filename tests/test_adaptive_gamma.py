@@ -194,6 +194,11 @@ def test_seeded_prior_prices_the_verify_pass_by_dtype():
     assert fp32 < bf16 <= formula
     assert verify_slope_prior("cpu", "float32") > verify_slope_prior("cpu", "bfloat16")
     assert verify_slope_prior("cuda", "float32") == verify_slope_prior("mps", "bfloat16")  # off the CPU: one row
+    from hfspec.decoding.costmodel import draft_step_prior
+
+    assert draft_step_prior(0.3, "cpu", "float32") == 0.3  # fp32: the bytes ratio is the step ratio
+    assert draft_step_prior(0.3, "cpu", "bfloat16") < 0.3  # bf16: quantised kernels read their bytes faster
+    assert draft_step_prior(0.3, "cuda", "bfloat16") == 0.3
     flat = prior_model(c, "cpu", "float32")
     flat.verify_a, flat.verify_b = 1.0, 0.0
     assert best_gamma(flat, Acceptance(alpha), 8)[0] == formula

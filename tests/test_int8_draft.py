@@ -9,8 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from hfspec.kernels.lean import LeanDecoder
-from hfspec.kernels.lean_layers import LeanLinear
 from tiny_models import build_family, sharpen
 from transformers import AutoModelForCausalLM
 
@@ -18,6 +16,8 @@ import hfspec
 from hfspec.drafts import describe, make_draft, parse_draft_spec, registry
 from hfspec.drafts.int8 import draft_bytes
 from hfspec.errors import HfspecError
+from hfspec.kernels.lean import LeanDecoder
+from hfspec.kernels.lean_layers import LeanLinear
 from hfspec.quant import int8
 
 MICRO = Path(__file__).resolve().parents[1] / "presets" / "models" / "micro"

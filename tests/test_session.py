@@ -237,7 +237,6 @@ def test_sweep_and_compare_time_what_a_run_of_the_same_settings_times(session, m
     early exit to their speculative runs, as `hfspec run` does (they were dropped: a sweep of a tree preset timed
     the plain chain while the run timed the tree)."""
     from hfspec.cli import main
-
     from hfspec.measure import sweep as engine
 
     seen = []

@@ -44,7 +44,7 @@ from hfspec.decoding.costrecord import (
 
 __all__ = [  # the measurement names (`hfspec.decoding.costrecord`) stay importable from here
     "MIN_ROUNDS", "ONE_TOKEN_TIMINGS", "SHRINK", "Acceptance", "CostModel", "CostRecord", "Prediction", "RoundMeter",
-    "RoundSeconds", "VERIFY_SLOPE_PRIOR", "best_gamma", "expected_tokens", "from_pairs", "predict", "predict_from",
+    "RoundSeconds", "DRAFT_STEP_PRIOR", "VERIFY_SLOPE_PRIOR", "best_gamma", "draft_step_prior", "expected_tokens", "from_pairs", "predict", "predict_from",
     "prior_model", "speedup_at", "time_one_token_steps", "verify_slope_prior",
 ]
 
@@ -213,8 +213,22 @@ def verify_slope_prior(device: str, dtype: str, shape: str = "chain") -> float:
     return row[shape]
 
 
+# A draft step's time over its bytes ratio (c time / c bytes), by device and target dtype, before a run has timed
+# any: a quantised draft's kernels (int4 / int8 weight-only matmuls) read their bytes faster per byte than a bf16
+# target's GEMV does, so in bf16 the bytes ratio overstates c (benchmarks/bench_int8.py measures both).
+DRAFT_STEP_PRIOR = {("cpu", "float32"): 1.0, ("cpu", "bfloat16"): 0.6, ("cpu", "float16"): 0.6, ("other", ""): 1.0}
+
+
+def draft_step_prior(c_bytes: float, device: str = "cpu", dtype: str = "float32") -> float:
+    """c, a draft step in target steps, fixed before decoding: the bytes ratio × `DRAFT_STEP_PRIOR` (a CPU dtype
+    not listed takes fp32's factor, any other device 1)."""
+    factor = (DRAFT_STEP_PRIOR[("other", "")] if device != "cpu"
+              else DRAFT_STEP_PRIOR.get((device, dtype), DRAFT_STEP_PRIOR[("cpu", "float32")]))
+    return c_bytes * factor
+
+
 def prior_model(c: float, device: str = "cpu", dtype: str = "float32") -> CostModel:
-    """A cost model fixed before decoding, in units of one target step: a draft step costs c (the bytes ratio),
+    """A cost model fixed before decoding, in units of one target step: a draft step costs c (`draft_step_prior`),
     the verify pass t(n) = 1 + s·(n − 1) with s = `verify_slope_prior`, nothing outside forwards. What γ "auto"
     decides with in a seeded run (`hfspec.decoding.gamma.AdaptiveGamma(profile=…)`)."""
     s = verify_slope_prior(device, dtype, "chain")

@@ -391,11 +391,11 @@ def dynamic_round(run, tree: DynamicTree):
     return proposal, verdict
 
 
-def make_tree(tree, seeded: bool, c_bytes: float, device: str = "cpu", dtype: str = "float32"
+def make_tree(tree, seeded: bool, c_prior: float, device: str = "cpu", dtype: str = "float32"
               ) -> DynamicTree | None:
     """The run's `DynamicTree` for a `tree` argument ("auto" or a `TreeShape`); None for the other values."""
     if isinstance(tree, TreeShape):
         return DynamicTree(tree)
     if tree == "auto":
-        return DynamicTree(AutoShape(timed=not seeded, c_prior=c_bytes, device=device, dtype=dtype))
+        return DynamicTree(AutoShape(timed=not seeded, c_prior=c_prior, device=device, dtype=dtype))
     return None
