@@ -197,11 +197,12 @@ class CostModel:
 # A verify pass's marginal cost per position, in one-token target passes, before a run has timed any: what a
 # seeded run decides with (its text must not depend on this run's clock). "chain": over the 2–8 positions of a
 # chain's verify pass; "tree": over the 8–32 of a token tree's. On a 2-core AVX-512 CPU with SmolLM2-135M
-# (benchmarks/bench_verify_width.py), fp32's multi-row sgemm costs a large step from one row to two and little
-# after it; bf16 (oneDNN) stays near one step up to ~16 positions. Off the CPU: a small slope.
-VERIFY_SLOPE_PRIOR = {("cpu", "float32"): {"chain": 0.15, "tree": 0.07},
-                      ("cpu", "bfloat16"): {"chain": 0.01, "tree": 0.015},
-                      ("cpu", "float16"): {"chain": 0.01, "tree": 0.015},
+# (benchmarks/bench_verify_width.py, quiet, 2 December 2026): fp32's multi-row sgemm costs 1.5× a step at 5
+# positions (0.125 per position), 1.85× at 16 and 2.4× at 32 (≈ 0.05 per position); bf16 (oneDNN) 1.08× at 5,
+# 1.32× at 16, 1.63× at 32 (≈ 0.02 per position). Off the CPU: a small slope.
+VERIFY_SLOPE_PRIOR = {("cpu", "float32"): {"chain": 0.125, "tree": 0.05},
+                      ("cpu", "bfloat16"): {"chain": 0.02, "tree": 0.02},
+                      ("cpu", "float16"): {"chain": 0.02, "tree": 0.02},
                       ("other", ""): {"chain": 0.005, "tree": 0.005}}
 
 
@@ -214,9 +215,10 @@ def verify_slope_prior(device: str, dtype: str, shape: str = "chain") -> float:
 
 
 # A draft step's time over its bytes ratio (c time / c bytes), by device and target dtype, before a run has timed
-# any: a quantised draft's kernels (int4 / int8 weight-only matmuls) read their bytes faster per byte than a bf16
-# target's GEMV does, so in bf16 the bytes ratio overstates c (benchmarks/bench_int8.py measures both).
-DRAFT_STEP_PRIOR = {("cpu", "float32"): 1.0, ("cpu", "bfloat16"): 0.6, ("cpu", "float16"): 0.6, ("other", ""): 1.0}
+# any (benchmarks/bench_int8.py measures both). SmolLM2-135M, quiet, 2 December 2026: fp32 gptq4-compiled c 0.156
+# at bytes 0.156, int8 0.243 at 0.25; bf16 0.267 at 0.312, int8 0.429 at 0.50 (the bf16 target's GEMV reads its
+# bytes a little faster than the draft's int4 / int8 kernels).
+DRAFT_STEP_PRIOR = {("cpu", "float32"): 1.0, ("cpu", "bfloat16"): 0.85, ("cpu", "float16"): 0.85, ("other", ""): 1.0}
 
 
 def draft_step_prior(c_bytes: float, device: str = "cpu", dtype: str = "float32") -> float:

@@ -41,13 +41,17 @@ class AutoShape:
 
     Units: one one-token target pass. `costs()` gives s, a verify position's marginal cost, and c, a draft level's.
     `rate()` ρ: tokens per unit over recent rounds. `chance(d, r)`: the live probability that a node's r-th child
-    (draw order) at depth d is accepted when the node is reached (counts by depth and rank, shrunk to a prior). A
+    (draw order) at depth d is accepted when the node is reached: counts by depth and rank, shrunk toward that
+    rank's rate pooled over every depth, which is itself shrunk toward a fixed prior. Pooling keeps a few early
+    rejections at one depth from closing that depth for the rest of the run (a depth never drafted again gathers
+    no evidence to reopen it). A
     node's `reach` is the product of those chances along its path. A candidate joins when its reach ≥ ρ · s; the
     next level is drafted when the expected tokens its first children bring, Σ reach · chance(d + 1, 0), ≥ ρ · c:
     each decision is worth making when it adds tokens faster than the run's rate per unit of cost."""
 
     PRIOR = (0.7, 0.15)  # chance of a first child, of a later one, before evidence
-    PSEUDO = 2.0  # pseudo-counts of the prior
+    PSEUDO = 2.0  # pseudo-counts of the fixed prior in a rank's pooled rate
+    DEPTH_PSEUDO = 4.0  # pseudo-counts of the pooled rate in a (depth, rank)'s chance
 
     def __init__(self, timed: bool, c_prior: float, device: str = "cpu", dtype: str = "float32"):
         self.timed = timed
@@ -56,6 +60,8 @@ class AutoShape:
         self.limits = TreeShape(NODES_MAX, DEPTH_MAX, BRANCH_MAX, 8)
         self.tried: dict[tuple[int, int], float] = {}
         self.accepted: dict[tuple[int, int], float] = {}
+        self.tried_rank: dict[int, float] = {}  # the same counts, pooled over depths
+        self.accepted_rank: dict[int, float] = {}
         self.tokens, self.units = 2.0, 1.0 + 4 * self.c_prior  # decayed sums, from a chain-like prior
         self._verify: list[tuple[int, float]] = []  # (positions, seconds) of this run's tree passes
         self._levels: list[float] = []  # seconds per draft level
@@ -88,9 +94,12 @@ class AutoShape:
         return max(0.0, b / step), level / step
 
     def chance(self, depth: int, rank: int) -> float:
-        key = (min(depth, DEPTH_MAX), min(rank, BRANCH_MAX))
+        r = min(rank, BRANCH_MAX)
+        key = (min(depth, DEPTH_MAX), r)
         prior = self.PRIOR[0] if rank == 0 else self.PRIOR[1] / rank
-        return (self.accepted.get(key, 0.0) + self.PSEUDO * prior) / (self.tried.get(key, 0.0) + self.PSEUDO)
+        pooled = (self.accepted_rank.get(r, 0.0) + self.PSEUDO * prior) / (self.tried_rank.get(r, 0.0) + self.PSEUDO)
+        return ((self.accepted.get(key, 0.0) + self.DEPTH_PSEUDO * pooled)
+                / (self.tried.get(key, 0.0) + self.DEPTH_PSEUDO))
 
     def rate(self) -> float:
         return self.tokens / self.units
@@ -110,8 +119,10 @@ class AutoShape:
             for r, c in enumerate(children):
                 key = (min(nodes[c].depth, DEPTH_MAX), min(r, BRANCH_MAX))
                 self.tried[key] = self.tried.get(key, 0.0) + 1.0
+                self.tried_rank[key[1]] = self.tried_rank.get(key[1], 0.0) + 1.0
                 if c == nxt:
                     self.accepted[key] = self.accepted.get(key, 0.0) + 1.0
+                    self.accepted_rank[key[1]] = self.accepted_rank.get(key[1], 0.0) + 1.0
         s, c = self.costs()
         decay = 0.9
         self.tokens = decay * self.tokens + len(path) + 1
