@@ -94,20 +94,24 @@ def measure(args) -> list[dict]:
             ids = common.prompt_ids(tok, args.prompt)
             drafts = {spec: hfspec.make_draft(target, spec) for spec in dict.fromkeys(s for s, _, _ in runs)}
             for temperature in (float(t) for t in args.temperatures.split(",")):
-                keyed = {f"{spec}@{gamma}": (drafts[spec], gamma if gamma == "auto" else int(gamma),
-                                             {} if tree is None else {"tree": tree})
+                keyed = {_key(spec, gamma, tree): (drafts[spec], gamma if gamma == "auto" else int(gamma),
+                                                   {} if tree is None else {"tree": tree})
                          for spec, gamma, tree in runs}
                 result = common.against_plain(target, ids, keyed, temperature, args.max_new_tokens, args.repeats,
                                               args.seed)
                 for key, r in result.items():
-                    spec, gamma = key.split("@")
-                    tree = next(t for s, g, t in runs if s == spec and g == gamma)
+                    spec, gamma, tree = next(run for run in runs if _key(*run) == key)
                     gamma = gamma if tree is None else f"tree {tree}"
                     row = {"target": name, "dtype": dtype, "temperature": temperature, "draft": spec, "gamma": gamma,
                            **r}
                     rows.append(row)
                     print(render("", [row])[4], flush=True)  # the row itself
     return rows
+
+
+def _key(spec: str, gamma: str, tree) -> str:
+    """A run's key in the ruler's timings: draft@gamma, then @tree-<tree> for a tree run."""
+    return f"{spec}@{gamma}" + ("" if tree is None else f"@tree-{tree}")
 
 
 def _run(text: str) -> tuple[str, str, str | int | None]:
