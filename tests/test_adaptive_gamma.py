@@ -10,7 +10,7 @@ from test_distribution import pair as distribution_pair  # noqa: F401  (fixture)
 from tiny_models import build, perturbed
 
 import hfspec
-from hfspec.decoding.costmodel import CostModel
+from hfspec.decoding.costmodel import Acceptance, CostModel, best_gamma
 from hfspec.decoding.costrecord import CostRecord, RoundSeconds
 from hfspec.decoding.gamma import AdaptiveGamma
 
@@ -180,28 +180,32 @@ def test_frozen_policy_decides_from_a_given_cost_model():
 
 
 def test_seeded_prior_prices_the_verify_pass_by_dtype():
-    """A seeded run's profile (`prior_model`) prices each verify position by the target's dtype: at the same α and
-    bytes ratio, fp32 (a CPU's multi-row sgemm: a dear verify pass) drafts shorter rounds than bf16, and both
-    shorter than the paper's formula, which leaves the verify pass out. Negative control: with a zero slope the
-    profile agrees with the formula."""
-    from hfspec.costmodel import Acceptance, best_gamma, prior_model, verify_slope_prior
-    from hfspec.decoding.stats import optimal_gamma
+    """A seeded run's profile (`prior_model`) prices the verify pass by the target's dtype from a measured curve
+    (`VERIFY_CURVE_PRIOR`): fp32's sgemm is dearest at 2–3 rows, so γ "auto" must not stop at γ 1–2 there; a
+    straight line through the same end points would (the negative control). bf16's flat curve leaves the choice to
+    α and c. The draft step's prior is the bytes ratio in fp32 and less than it in bf16."""
+    from hfspec.decoding.costmodel import (
+        VERIFY_CURVE_PRIOR,
+        CostModel,
+        draft_step_prior,
+        prior_model,
+        verify_prior,
+        verify_slope_prior,
+    )
 
-    alpha, c = 0.85, 0.16
-    fp32 = best_gamma(prior_model(c, "cpu", "float32"), Acceptance(alpha), 8)[0]
-    bf16 = best_gamma(prior_model(c, "cpu", "bfloat16"), Acceptance(alpha), 8)[0]
-    formula = optimal_gamma(alpha, c, 8)
-    assert fp32 < bf16 <= formula
-    assert verify_slope_prior("cpu", "float32") > verify_slope_prior("cpu", "bfloat16")
-    assert verify_slope_prior("cuda", "float32") == verify_slope_prior("mps", "bfloat16")  # off the CPU: one row
-    from hfspec.decoding.costmodel import draft_step_prior
-
-    assert draft_step_prior(0.3, "cpu", "float32") == 0.3  # fp32: the bytes ratio is the step ratio
-    assert draft_step_prior(0.3, "cpu", "bfloat16") < 0.3  # bf16: quantised kernels read their bytes faster
+    for (n, t) in VERIFY_CURVE_PRIOR[("cpu", "float32")]:
+        assert verify_prior(n, "cpu", "float32") == pytest.approx(t)  # through every measured point
+    assert verify_prior(4, "cpu", "float32") == pytest.approx((2.2 + 1.5) / 2)  # linear between them
+    assert verify_prior(3, "cuda", "float32") == pytest.approx(1 + 2 * verify_slope_prior("cuda", "float32"))
+    alpha, c = Acceptance(0.82), 0.156
+    curved = best_gamma(prior_model(c, "cpu", "float32"), alpha, 8)[0]
+    s = (verify_prior(32) - 1) / 31  # one straight line from 1 to 32 positions
+    line = CostModel(step=1.0, verify_a=1.0 - s, verify_b=s, draft_a=0.0, draft_b=c, draft_zero=0.0, other_a=0.0,
+                     other_b=0.0, plain_other=0.0)
+    assert curved >= 4 and best_gamma(line, alpha, 8)[0] != curved
+    assert draft_step_prior(0.3, "cpu", "float32") == 0.3
+    assert draft_step_prior(0.3, "cpu", "bfloat16") < 0.3
     assert draft_step_prior(0.3, "cuda", "bfloat16") == 0.3
-    flat = prior_model(c, "cpu", "float32")
-    flat.verify_a, flat.verify_b = 1.0, 0.0
-    assert best_gamma(flat, Acceptance(alpha), 8)[0] == formula
 
 
 def noisy_clock(seed):

@@ -44,8 +44,8 @@ from hfspec.decoding.costrecord import (
 
 __all__ = [  # the measurement names (`hfspec.decoding.costrecord`) stay importable from here
     "MIN_ROUNDS", "ONE_TOKEN_TIMINGS", "SHRINK", "Acceptance", "CostModel", "CostRecord", "Prediction", "RoundMeter",
-    "RoundSeconds", "DRAFT_STEP_PRIOR", "VERIFY_SLOPE_PRIOR", "best_gamma", "draft_step_prior", "expected_tokens", "from_pairs", "predict", "predict_from",
-    "prior_model", "speedup_at", "time_one_token_steps", "verify_slope_prior",
+    "PriorModel", "RoundSeconds", "DRAFT_STEP_PRIOR", "VERIFY_CURVE_PRIOR", "VERIFY_SLOPE_PRIOR", "best_gamma", "draft_step_prior", "expected_tokens", "from_pairs", "predict", "predict_from",
+    "prior_model", "speedup_at", "time_one_token_steps", "verify_prior", "verify_slope_prior",
 ]
 
 SHRINK = 4.0  # pseudo-counts pulling a position's acceptance rate toward the pooled α
@@ -229,13 +229,49 @@ def draft_step_prior(c_bytes: float, device: str = "cpu", dtype: str = "float32"
     return c_bytes * factor
 
 
+# A verify pass over n positions, in one-token target passes, before a run has timed any: (n, t(n)) points,
+# linear between them and past the last. Measured on the 2-core AMD EPYC VM with SmolLM2-135M (quiet,
+# benchmarks/bench_verify_width.py, 2 December 2026): fp32's sgemm is dearest at 2–3 rows (MKL's small-M path) and
+# cheaper again from 5, which a straight line through the points would miss (it would pick γ 1–2 where γ 4–5 is
+# fastest); bf16 grows slowly. Other devices and dtypes: the line of `verify_slope_prior`.
+VERIFY_CURVE_PRIOR = {
+    ("cpu", "float32"): ((1, 1.0), (2, 1.74), (3, 2.2), (5, 1.5), (8, 1.54), (12, 1.72), (16, 1.85), (24, 2.15),
+                         (32, 2.43)),
+    ("cpu", "bfloat16"): ((1, 1.0), (2, 1.06), (3, 1.09), (5, 1.08), (8, 1.19), (12, 1.23), (16, 1.32), (24, 1.44),
+                          (32, 1.63)),
+}
+
+
+def verify_prior(n: int, device: str = "cpu", dtype: str = "float32") -> float:
+    """t(n) / t(1) before a run has timed any (`VERIFY_CURVE_PRIOR`, else 1 + slope · (n − 1))."""
+    points = VERIFY_CURVE_PRIOR.get((device, dtype)) if device == "cpu" else None
+    if not points:
+        return 1.0 + verify_slope_prior(device, dtype, "chain") * (n - 1)
+    for (n0, t0), (n1, t1) in zip(points, points[1:], strict=False):
+        if n <= n1 or (n1, t1) == points[-1]:
+            return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
+    return points[-1][1]
+
+
+@dataclass
+class PriorModel(CostModel):
+    """`CostModel` whose verify pass follows `verify_prior` for a device and dtype instead of a line."""
+
+    device: str = "cpu"
+    dtype: str = "float32"
+
+    def verify(self, n: int) -> float:
+        return verify_prior(n, self.device, self.dtype) * self.step
+
+
 def prior_model(c: float, device: str = "cpu", dtype: str = "float32") -> CostModel:
     """A cost model fixed before decoding, in units of one target step: a draft step costs c (`draft_step_prior`),
-    the verify pass t(n) = 1 + s·(n − 1) with s = `verify_slope_prior`, nothing outside forwards. What γ "auto"
-    decides with in a seeded run (`hfspec.decoding.gamma.AdaptiveGamma(profile=…)`)."""
+    the verify pass t(n) = `verify_prior(n)`, nothing outside forwards. What γ "auto" decides with in a seeded run
+    (`hfspec.decoding.gamma.AdaptiveGamma(profile=…)`)."""
     s = verify_slope_prior(device, dtype, "chain")
-    return CostModel(step=1.0, verify_a=1.0 - s, verify_b=s, draft_a=0.0, draft_b=max(0.0, c), draft_zero=0.0,
-                     other_a=0.0, other_b=0.0, plain_other=0.0, source="prior fixed before decoding")
+    return PriorModel(step=1.0, verify_a=1.0 - s, verify_b=s, draft_a=0.0, draft_b=max(0.0, c), draft_zero=0.0,
+                      other_a=0.0, other_b=0.0, plain_other=0.0, source="prior fixed before decoding",
+                      device=device, dtype=dtype)
 
 
 MIN_ROUNDS = 3  # a γ or width seen in fewer rounds (e.g. the last, clipped round) does not set a slope
