@@ -9,7 +9,7 @@ the sibling's HF forward and its lean step, timed by the benchmarks' one operato
 interleaved rounds, the order rotating, two warm-up rounds not counted, outlier rounds re-measured; median ms),
 c = sibling step / target step (median per-round ratio [interval]), and the speed-up the cost model's round
 price predicts at the α given (E[tokens] / (verify + γ·c)). For the embedded micro/nano pair (real weights) also
-end to end: `hfspec.generate` with the sibling's lean step and with its HF forward (`hfspec_lean_step = False`)
+end to end: `hfspec.generate` with the sibling's lean step and with its HF forward (`set_attr(sibling, LEAN_STEP, False)`, `hfspec.attrs`)
 beside plain `generate`, timed by the ruler (`common.timed_rounds`: interleaved, a warm-up round not counted,
 `--repeats` kept rounds, wall clock), median per-round speed-ups over plain [interval]. The last columns give the
 rounds kept and the stability verdict of the steps and of the end-to-end runs.
@@ -39,6 +39,7 @@ from common import (
 )
 
 import hfspec
+from hfspec.attrs import LEAN_STEP, set_attr
 from hfspec.decoding.costmodel import expected_tokens
 from hfspec.kernels.lean import lean_step_of
 
@@ -92,7 +93,7 @@ def end_to_end(args, target, sibling, ids) -> dict:
 
     def ours(method):
         def run(r):
-            sibling.hfspec_lean_step = method == "lean"
+            set_attr(sibling, LEAN_STEP, method == "lean")
             return hfspec.generate(target, ids, draft=sibling, gamma=args.gamma, temperature=1.0, seed=21 + r, **kw)
         return run
 
@@ -100,7 +101,7 @@ def end_to_end(args, target, sibling, ids) -> dict:
         timings = timed_rounds({"plain": wall(plain, n), "lean": wall(ours("lean"), n), "hf": wall(ours("hf"), n)},
                                args.repeats, 21)
     finally:
-        sibling.hfspec_lean_step = True
+        set_attr(sibling, LEAN_STEP, True)
     out = {}
     for m in ("lean", "hf"):
         stats = None

@@ -25,11 +25,11 @@ def make_plot(title: str, x_label: str, y_label: str, legend_columns: int = 2) -
     """A plot whose legend sits in its own row below the x axis: named items added later are listed there."""
     widget = pg.PlotWidget()
     item = widget.getPlotItem()
-    widget.hfspec_title = title
+    widget.plot_title = title  # kept for `retheme_plot`
     item.setTitle(title, size="10pt", color=theme.current().plot_fg)
     item.setLabel("bottom", x_label)
     item.setLabel("left", y_label)
-    widget.hfspec_y_label = y_label
+    widget.plot_y_label = y_label  # the full label, for `fit_y_label`
     item.vb.sigResized.connect(lambda *_: fit_y_label(widget))  # a short plot elides its y label
     item.showGrid(x=False, y=True, alpha=0.2)
     for axis in ("bottom", "left"):
@@ -47,7 +47,7 @@ def fit_y_label(widget: pg.PlotWidget) -> None:
     from PySide6.QtGui import QFontMetrics
 
     axis = widget.getPlotItem().getAxis("left")
-    full = getattr(widget, "hfspec_y_label", "")
+    full = getattr(widget, "plot_y_label", "")
     room = int(axis.geometry().height()) - 6
     if not full or room <= 0:
         return
@@ -62,7 +62,7 @@ def retheme_plot(widget: pg.PlotWidget) -> None:
     t = theme.current()
     widget.setBackground(t.plot_bg)
     item = widget.getPlotItem()
-    item.setTitle(getattr(widget, "hfspec_title", ""), size="10pt", color=t.plot_fg)
+    item.setTitle(getattr(widget, "plot_title", ""), size="10pt", color=t.plot_fg)
     for name in ("bottom", "left"):
         axis = item.getAxis(name)
         axis.setPen(t.plot_fg)

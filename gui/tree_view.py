@@ -138,5 +138,5 @@ class TreeView(QWidget):
         which = f"pass {self.pass_number}" if self.pass_number else "the last pass"
         title = (f"Token tree of {which}: {len(kinds) - 2} drafted, {kinds.count('accepted')} accepted, "
                  f"{kinds[-1]}" if kinds else TITLE)
-        self.plot.hfspec_title = title
+        self.plot.plot_title = title
         item.setTitle(title, size="10pt", color=fg)

@@ -12,10 +12,11 @@ import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from hfspec import validate
+from hfspec.decoding.chain import Chain
 from hfspec.decoding.costmodel import draft_step_prior, prior_model
 from hfspec.decoding.coupling import GumbelNoise
 from hfspec.decoding.early_exit import check_early_exit, with_early_exit
-from hfspec.decoding.gamma import AdaptiveGamma, FixedGamma
+from hfspec.decoding.gamma import AdaptiveGamma, FixedGamma, GammaPolicy
 from hfspec.decoding.loop import DecodeJob, decode
 from hfspec.decoding.options import check_speculative_options, given_to_generate
 from hfspec.decoding.request import Request, check_coupling_seed
@@ -24,6 +25,7 @@ from hfspec.decoding.siblings import Tree
 from hfspec.decoding.stats import SpecStats
 from hfspec.decoding.stopping import Stopper
 from hfspec.decoding.trees import make_tree
+from hfspec.decoding.verifier import Verifier
 from hfspec.drafts import make_draft as _make_draft
 from hfspec.drafts import weight_bytes as draft_weight_bytes
 from hfspec.drafts.base import NoDraft, as_draft
@@ -88,15 +90,15 @@ def speculative_generate(
         on_round=request.on_round,
         should_stop=request.should_stop,
         stats=stats,
-        tree=_tree(request, stats, input_ids.device),
+        verifier=_verifier(request, stats, input_ids.device),
         noise=GumbelNoise(request.seed) if request.coupling == "gumbel" and sampling else None,
     )
     draft = NoDraft() if request.plain else as_draft(request.draft, vocab=request.draft_vocab)
     if request.early_exit:
         check_early_exit(request.early_exit, draft)
-        job.policy = with_early_exit(job.policy, stats)
-        if request.seed is not None and hasattr(job.policy, "freeze"):
-            job.policy.freeze(_c_prior(stats, input_ids.device))  # like γ "auto": the text must not depend on timing
+        job.policy = early = with_early_exit(job.policy, stats)
+        if request.seed is not None:
+            early.freeze(_c_prior(stats, input_ids.device))  # like γ "auto": the text must not depend on timing
     result = decode(model, draft, input_ids, model_kwargs.get("attention_mask"), job)
     if generation_config.return_dict_in_generate:
         return SpeculativeOutput(sequences=result.sequences, stats=result.stats, token_kinds=result.kinds)
@@ -197,14 +199,14 @@ def _generator(seed: int | None, device) -> torch.Generator | None:
     return None if seed is None else torch.Generator(device=device).manual_seed(int(seed))
 
 
-def _policy(gamma, stats: SpecStats):
+def _policy(gamma, stats: SpecStats) -> GammaPolicy:
     """The γ policy of a run without a seed: γ "auto" reads the run's timings (robustly, see `hfspec.decoding.gamma`)."""
     if gamma == "auto":
         return AdaptiveGamma(c_prior=stats.c_bytes, costs=stats.costs)
     return FixedGamma(int(gamma))
 
 
-def _seeded_policy(gamma, stats: SpecStats, device=None):
+def _seeded_policy(gamma, stats: SpecStats, device=None) -> GammaPolicy:
     """The γ policy of a seeded run: γ "auto" is frozen, deciding from acceptance and a cost profile fixed before
     decoding (the bytes ratio and the verify pass's prior slope for this device and dtype, `prior_model`), never
     from this run's timings, so the seed alone fixes the text on a quiet or a busy machine (`hfspec.decoding.gamma`)."""
@@ -221,14 +223,14 @@ def _c_prior(stats: SpecStats, device) -> float:
     return draft_step_prior(stats.c_bytes, torch.device(device).type, stats.target_dtype)
 
 
-def _tree(request: Request, stats: SpecStats, device):
-    """The run's tree: sibling leaves (`tree` 2..8), a token tree ("auto" or a `TreeShape`), or None. With a seed,
-    "auto" sizes the tree from priors fixed before decoding, never from this run's timings (like γ "auto")."""
+def _verifier(request: Request, stats: SpecStats, device) -> Verifier:
+    """The run's verifier: sibling leaves (`tree` 2..8), a token tree ("auto" or a `TreeShape`), or the chain. With
+    a seed, "auto" sizes the tree from priors fixed before decoding, never from this run's timings (like γ "auto")."""
     dynamic = make_tree(request.tree, request.seed is not None, _c_prior(stats, device), torch.device(device).type,
                         stats.target_dtype)
     if dynamic is not None:
         return dynamic
-    return Tree(request.tree) if isinstance(request.tree, int) and request.tree > 1 else None
+    return Tree(request.tree) if isinstance(request.tree, int) and request.tree > 1 else Chain()
 
 
 def weight_bytes(model) -> int:

@@ -9,6 +9,7 @@ from tiny_models import build, build_family, perturbed, sharpen
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import hfspec
+from hfspec.attrs import PACKED, get_attr
 from hfspec.drafts import describe, make_draft, weight_bytes
 from hfspec.errors import HfspecError
 from hfspec.io import memory
@@ -211,7 +212,7 @@ def test_prepacked_linear_computes_f_linear_and_keeps_greedy_identity():
         assert torch.equal(out.sequences, expected), arch
         assert 0 < out.stats.accepted < out.stats.checked
         # a weight changed in place is packed again (never a stale copy); negative control: it changes the logits
-        layer = next(m for m in target.modules() if getattr(m, "hfspec_packed", None) is not None)
+        layer = next(m for m in target.modules() if get_attr(m, PACKED) is not None)
         with torch.no_grad():
             layer.weight.mul_(1.5)
             changed = target(ids).logits

@@ -11,6 +11,7 @@ from tiny_models import build
 
 import hfspec
 import hfspec.decoding.sampling as sampling
+from hfspec.attrs import CALIBRATION, DRAFT_SPEC, get_attr
 from hfspec.drafts import calibrated, make_draft
 from hfspec.drafts.fidelity import fidelity
 from hfspec.drafts.registry import parse
@@ -110,24 +111,24 @@ def test_calibrated_draft_is_closer_than_rtn(micro, tmp_path):
     cal = make_draft(micro, "gptq3-top0", calibration=QUICK)
     f_rtn, f_cal = fidelity(micro, rtn, ids), fidelity(micro, cal, ids)
     assert f_cal > f_rtn + 0.01, (f_rtn, f_cal)
-    assert cal.hfspec_draft_spec == "gptq3-g32-top0"
+    assert get_attr(cal, DRAFT_SPEC) == "gptq3-g32-top0"
 
 
 def test_cache_is_used_and_keyed_by_weights(micro):
     first = make_draft(micro, "gptq4", calibration=QUICK)
-    assert first.hfspec_calibration.startswith("calibrated in") and "cached:" in first.hfspec_calibration
+    assert get_attr(first, CALIBRATION).startswith("calibrated in") and "cached:" in get_attr(first, CALIBRATION)
     again = make_draft(micro, "gptq4", calibration=QUICK)
-    assert again.hfspec_calibration.startswith("cache:")
+    assert get_attr(again, CALIBRATION).startswith("cache:")
     ids = torch.tensor([[0, 5, 17, 33, 9]])
     assert torch.equal(first(ids).logits, again(ids).logits)
     other = Calibration(sequences=16, tokens=64, seed=1)
-    assert make_draft(micro, "gptq4", calibration=other).hfspec_calibration.startswith("calibrated in")
+    assert get_attr(make_draft(micro, "gptq4", calibration=other), CALIBRATION).startswith("calibrated in")
     import copy
 
     changed = copy.deepcopy(micro)
     with torch.no_grad():
         changed.model.layers[0].mlp.down_proj.weight[0, 0] += 1e-3
-    assert make_draft(changed, "gptq4", calibration=QUICK).hfspec_calibration.startswith("calibrated in")
+    assert get_attr(make_draft(changed, "gptq4", calibration=QUICK), CALIBRATION).startswith("calibrated in")
 
 
 def test_damaged_cache_entry_is_replaced(micro):
@@ -136,8 +137,8 @@ def test_damaged_cache_entry_is_replaced(micro):
     entry.write_bytes(entry.read_bytes()[:100])
     with pytest.warns(UserWarning, match="unusable"):
         draft = make_draft(micro, "gptq4", calibration=QUICK)
-    assert draft.hfspec_calibration.startswith("calibrated in")
-    assert make_draft(micro, "gptq4", calibration=QUICK).hfspec_calibration.startswith("cache:")
+    assert get_attr(draft, CALIBRATION).startswith("calibrated in")
+    assert get_attr(make_draft(micro, "gptq4", calibration=QUICK), CALIBRATION).startswith("cache:")
 
 
 def test_interrupted_or_full_disk_write_leaves_no_entry(micro, monkeypatch):
@@ -149,7 +150,7 @@ def test_interrupted_or_full_disk_write_leaves_no_entry(micro, monkeypatch):
     monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
     with pytest.warns(UserWarning, match="not cached"):
         draft = make_draft(micro, "gptq4", calibration=QUICK)
-    assert "not cached" in draft.hfspec_calibration
+    assert "not cached" in get_attr(draft, CALIBRATION)
     assert not list(calibrated.CALIBRATION_DIR.iterdir())  # neither an entry nor a partial file
 
     def killed(*args, **kwargs):

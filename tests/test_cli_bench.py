@@ -7,6 +7,7 @@ import torch
 from tiny_models import build
 
 import hfspec
+from hfspec.attrs import DRAFT_SPEC, get_attr
 from hfspec.cli import build_parser, main
 from hfspec.drafts import registry
 from hfspec.errors import HfspecError
@@ -46,7 +47,7 @@ def test_lean_rtn_draft_gets_its_hf_forward_copy(target):
     kwargs, _ = hf_assisted(target, lean, 4)
     assistant = kwargs["assistant_model"]
     assert callable(assistant.generate) and assistant is not lean
-    assert assistant.hfspec_draft_spec == lean.hfspec_draft_spec
+    assert get_attr(assistant, DRAFT_SPEC) == get_attr(lean, DRAFT_SPEC)
 
 
 def test_a_sibling_is_its_own_assistant_and_keeps_its_generation_config(target):

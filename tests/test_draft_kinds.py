@@ -11,6 +11,7 @@ import torch
 from tiny_models import build
 
 import hfspec
+from hfspec.attrs import DRAFT_SPEC, get_attr
 from hfspec.drafts import make_draft, registry
 from hfspec.errors import HfspecError
 from hfspec.session import RunSettings, draft_spec, split_draft_spec
@@ -48,7 +49,7 @@ def twin():
 def test_a_kind_registered_in_one_call_builds_and_decodes(twin):
     target = build("llama")
     draft = make_draft(target, "twin")
-    assert draft.hfspec_draft_spec == "twin-x1"
+    assert get_attr(draft, DRAFT_SPEC) == "twin-x1"
     prompt = torch.tensor([[0, 5, 6, 7]])
     out = hfspec.generate(target, prompt, draft=draft, gamma=3, temperature=0, max_new_tokens=12)
     expected = target.generate(prompt, do_sample=False, max_new_tokens=12)

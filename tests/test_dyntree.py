@@ -17,7 +17,7 @@ from transformers.generation import logits_process as lp
 import hfspec
 import hfspec.decoding.trees as dyntree
 from hfspec.decoding.gamma import FixedGamma
-from hfspec.decoding.loop import DecodeJob, _Run, commit, decode, settle
+from hfspec.decoding.loop import DecodeJob, Run, commit, decode, settle
 from hfspec.decoding.sampling import children_chances, residual
 from hfspec.decoding.scoring import Scorer
 from hfspec.decoding.stopping import Stopper
@@ -163,7 +163,7 @@ def sample_runs(target, draft, prompt, seed, temperature=1.0, top_k=None, runs=R
     out, deep, side = torch.empty(runs, NEW, dtype=torch.long), 0, 0
     for k in range(runs):
         job = DecodeJob(scorer=scorer, stopper=Stopper(None, None, len(prompt) + NEW), policy=FixedGamma(2),
-                        pad_token_id=2, generator=generator, tree=DynamicTree(SHAPE))
+                        pad_token_id=2, generator=generator, verifier=DynamicTree(SHAPE))
         with torch.no_grad():
             result = decode(target, as_draft(draft), ids, None, job)
         out[k] = result.sequences[0, len(prompt):]
@@ -272,13 +272,13 @@ def test_after_every_round_slots_and_both_caches_hold_the_accepted_text(sample):
     processors = LogitsProcessorList([lp.TemperatureLogitsWarper(1.0)] if sample else [])
     job = DecodeJob(scorer=Scorer(processors, sample, target.config.vocab_size),
                     stopper=Stopper(None, None, IDS.shape[1] + 60), policy=FixedGamma(3), pad_token_id=2,
-                    generator=torch.Generator().manual_seed(0), tree=DynamicTree(TreeShape(12, 4, 3, 3)))
+                    generator=torch.Generator().manual_seed(0), verifier=DynamicTree(TreeShape(12, 4, 3, 3)))
     deep = 0
     with torch.no_grad():
-        run = _Run(target, as_draft(draft), IDS, None, job)
+        run = Run(target, as_draft(draft), IDS, None, job)
         while run.active:
             run.meter.begin(1)
-            proposal, verdict = dynamic_round(run, job.tree)
+            proposal, verdict = dynamic_round(run, job.verifier)
             deep += int(verdict.n[0]) >= 2
             done = commit(run, proposal, verdict)
             settle(run, proposal, verdict, done)
@@ -308,7 +308,7 @@ def test_auto_falls_back_to_a_chain_when_verify_positions_are_expensive_and_bran
         shape.slope_prior = slope
         job = DecodeJob(scorer=Scorer(LogitsProcessorList([lp.TemperatureLogitsWarper(1.0)]), True, 96),
                         stopper=Stopper(None, None, IDS.shape[1] + 60), policy=FixedGamma(3), pad_token_id=2,
-                        generator=torch.Generator().manual_seed(0), tree=DynamicTree(shape))
+                        generator=torch.Generator().manual_seed(0), verifier=DynamicTree(shape))
         with torch.no_grad():
             stats = decode(target, as_draft(draft), IDS, None, job).stats
         counts[slope] = stats.tree_leaves / stats.target_passes
@@ -403,7 +403,7 @@ def test_prompt_lookup_draft_is_refused_by_name():
 
     target = build("llama")
     job = DecodeJob(scorer=Scorer(LogitsProcessorList(), False, 96), stopper=Stopper(None, None, 20),
-                    policy=FixedGamma(3), pad_token_id=2, tree=DynamicTree(TreeShape()))
+                    policy=FixedGamma(3), pad_token_id=2, verifier=DynamicTree(TreeShape()))
     with pytest.raises(HfspecError, match="tree"):
         decode(target, LookupDraft(), IDS, None, job)
 

@@ -5,6 +5,7 @@ import torch
 from tiny_models import Collect, build, perturbed
 
 import hfspec
+from hfspec.attrs import LEAN_STEP, set_attr
 from hfspec.errors import HfspecError
 
 PROMPT = torch.tensor([[0, 5, 17, 33]])
@@ -94,7 +95,7 @@ class CountingForward(torch.nn.Module):
 def test_each_position_fed_about_once(gamma):
     target = build("llama", init=0.2)
     draft = perturbed(target, scale=0.5)
-    draft.hfspec_lean_step = False  # count the draft's HF forwards (a Llama sibling would run the lean step)
+    set_attr(draft, LEAN_STEP, False)  # count the draft's HF forwards (a Llama sibling would run the lean step)
     t_count, d_count = CountingForward(target), CountingForward(draft)
     out = hfspec.generate(target, PROMPT, draft=draft, gamma=gamma, temperature=1.0, max_new_tokens=120, seed=1,
                           min_new_tokens=120)

@@ -19,6 +19,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 import hfspec
+from hfspec.attrs import FIDELITY, SHARED_VOCAB, get_attr, set_attr
 from hfspec.drafts import fidelity
 from hfspec.drafts.fidelity import probe_ids, warn_if_unfaithful
 from hfspec.errors import HfspecError
@@ -108,7 +109,7 @@ def test_dropping_the_scale_is_what_fidelity_catches():
     assert fidelity(target, unscaled, IDS) < 0.5 < 0.97 <= fidelity(target, draft, IDS)
     with pytest.warns(UserWarning, match=r"far from its target: mean Σmin\(p, q\) = 0\.\d{3}"):
         value = warn_if_unfaithful(target, unscaled, label="unscaled")
-    assert value < 0.5 and unscaled.hfspec_fidelity == value
+    assert value < 0.5 and get_attr(unscaled, FIDELITY) == value
 
 
 class DoubledLinear(nn.Linear):
@@ -170,7 +171,7 @@ def test_fidelity_compares_over_the_target_vocabulary():
         padded.lm_head.weight[96:] = 50 * target.lm_head.weight[:8]  # padded rows that would dominate q
     assert fidelity(target, padded, IDS) == pytest.approx(1.0, abs=1e-6)  # rows beyond the target's dropped
     wide = copy.deepcopy(padded)
-    wide.hfspec_shared_vocab = 90  # a sibling sharing only 90 tokens: the target's mass beyond them is lost
+    set_attr(wide, SHARED_VOCAB, 90)  # a sibling sharing only 90 tokens: the target's mass beyond them is lost
     with torch.no_grad():
         p = torch.softmax(target(IDS).logits.float(), -1)
     assert fidelity(target, wide, IDS) < float(p[..., :90].sum(-1).mean()) + 1e-6
@@ -188,7 +189,7 @@ def test_make_draft_warns_only_when_low(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a faithful copy: no warning
         draft = hfspec.make_draft(target, "rtn8")
-    assert draft.hfspec_fidelity >= 0.97
+    assert get_attr(draft, FIDELITY) >= 0.97
     assert probe_ids(target) is probe_ids(target) and probe_ids(target).shape == (1, 17)
     monkeypatch.setattr(sys.modules["hfspec.drafts.fidelity"], "LOW_FIDELITY", 1.01)
     with pytest.warns(UserWarning, match=r"draft 'rtn4-g32' is far from its target: mean Σmin\(p, q\) = 0\.\d+"):

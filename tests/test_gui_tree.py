@@ -111,7 +111,7 @@ def test_a_tree_auto_run_draws_the_last_pass_tree_with_its_committed_path(qtbot,
     assert all(p.tree is not None for p in seen)
     # the last pass that grew a tree (the last passes may have had no room for one)
     view, last = window.live.tree_view, [p for p in seen if p.tree.tokens][-1]
-    assert view.isVisible() and view.tree == last.tree and f"pass {last.round_index + 1}:" in view.plot.hfspec_title
+    assert view.isVisible() and view.tree == last.tree and f"pass {last.round_index + 1}:" in view.plot.plot_title
     # the highlighted path is what the pass committed: its accepted draft tokens, then the target's own token
     assert view.kinds.count("accepted") == len(last.tree.path) == last.committed - 1
     assert view.kinds[-1] == last.tree.kind and view.kinds.count("drafted") == len(last.tree.tokens) - last.committed + 1

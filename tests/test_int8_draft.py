@@ -13,6 +13,7 @@ from tiny_models import build_family, sharpen
 from transformers import AutoModelForCausalLM
 
 import hfspec
+from hfspec.attrs import DRAFT_SPEC, get_attr
 from hfspec.drafts import describe, make_draft, parse_draft_spec, registry
 from hfspec.drafts.int8 import draft_bytes
 from hfspec.errors import HfspecError
@@ -205,7 +206,7 @@ def test_mixed_spec_puts_the_chosen_layers_at_int8():
     draft = make_draft(target, "rtn4+int8:L1")
     paths = [{lin.path for lin in block.linears()} for block in draft.blocks]
     assert paths[1] == {int8.PATH} and int8.PATH not in paths[0]
-    assert draft.hfspec_draft_spec == "rtn4-g32+int8:L1"
+    assert get_attr(draft, DRAFT_SPEC) == "rtn4-g32+int8:L1"
     prompt = _ids(6, seed=3)
     spec = hfspec.generate(target, prompt, draft=draft, gamma=4, temperature=0, max_new_tokens=16)
     assert torch.equal(spec.sequences, hfspec.plain_generate(target, prompt, temperature=0, max_new_tokens=16).sequences)

@@ -6,6 +6,7 @@ import torch
 from tiny_models import build_family
 
 import hfspec
+from hfspec.attrs import LEAN_STEP, set_attr
 from hfspec.drafts.base import as_draft
 from hfspec.kernels.kv_model import CachedModel
 from hfspec.kernels.lean import LeanRunner, lean_step_of
@@ -40,7 +41,7 @@ def test_other_families_and_opt_out_keep_the_hf_forward():
     gpt2 = build_family("gpt2", seed=3, layers=1)
     assert lean_step_of(gpt2) is None and type(as_draft(gpt2).runner) is CachedModel
     llama = build_family("llama", seed=3, layers=1)
-    llama.hfspec_lean_step = False
+    set_attr(llama, LEAN_STEP, False)
     assert lean_step_of(llama) is None and type(as_draft(llama).runner) is CachedModel
 
 

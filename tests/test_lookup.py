@@ -12,6 +12,7 @@ from tiny_models import build
 
 import hfspec
 import hfspec.decoding.sampling as sampling
+from hfspec.attrs import DRAFT_SPEC, get_attr
 from hfspec.drafts import describe, make_draft, registry, weight_bytes
 from hfspec.drafts.lookup import propose_tokens
 from hfspec.errors import HfspecError
@@ -59,7 +60,7 @@ def test_draft_model_holds_no_weights_and_refuses_options():
     target = build("llama")
     draft = make_draft(target, "lookup-n2")
     assert weight_bytes(draft) == 0 and draft.config.vocab_size == target.config.vocab_size
-    assert draft.hfspec_draft_spec == "lookup-n2" and "lookup" in describe(draft)["step"]
+    assert get_attr(draft, DRAFT_SPEC) == "lookup-n2" and "lookup" in describe(draft)["step"]
     with pytest.raises(HfspecError, match="none"):
         make_draft(target, "lookup", fused=True)
     with pytest.raises(HfspecError, match="draft"):

@@ -1,7 +1,7 @@
 """Siblings whose vocabulary rows differ from the target's (padding) decode exactly; tokenizer mismatches fail.
 
 The tokenizer has V = 8 tokens; the target has 8 rows and the sibling 16 (8 padded rows, random logits). The
-tokenizer check in `make_draft` marks the draft (`hfspec_shared_vocab`), so `generate` accepts it. At T = 0 the
+tokenizer check in `make_draft` marks the draft (`hfspec.attrs.SHARED_VOCAB`), so `generate` accepts it. At T = 0 the
 output equals plain greedy; at T = 1 the joint law of two new tokens over 20,000 seeded rows matches the
 target's exact law (chi-square), and a deliberately wrong acceptance rule fails the same test.
 """
@@ -17,6 +17,7 @@ from transformers import PreTrainedTokenizerFast
 
 import hfspec
 import hfspec.decoding.sampling as sampling
+from hfspec.attrs import SHARED_VOCAB, get_attr
 from hfspec.errors import HfspecError
 
 V, PADDED, NEW, ROWS = 8, 16, 2, 20_000
@@ -46,7 +47,7 @@ def test_padded_rows_are_proposable_without_the_mark(pair):
     ids = torch.randint(0, V, (4, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert (draft(ids).logits.argmax(-1) >= V).any()
-    assert draft.hfspec_shared_vocab == V
+    assert get_attr(draft, SHARED_VOCAB) == V
 
 
 def test_unmarked_padded_sibling_is_refused(pair):

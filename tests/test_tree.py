@@ -44,27 +44,23 @@ def test_slots_hold_the_accepted_text_after_every_tree_round():
     up from them), including rounds that kept a sibling."""
     from transformers.generation import LogitsProcessorList as Processors
 
-    from hfspec.decoding.loop import _Run, commit, propose, settle, verify_proposal
+    from hfspec.decoding.loop import Run, commit, settle
 
     target = build("llama", init=0.2)
     draft = perturbed(target, scale=0.5)
     job = DecodeJob(scorer=Scorer(Processors(), False, target.config.vocab_size),
                     stopper=Stopper(None, None, IDS.shape[1] + 80), policy=FixedGamma(3), pad_token_id=2,
-                    tree=Tree(3, below=1.01, always=True))
+                    verifier=Tree(3, below=1.01, always=True))
     kept = 0
     with torch.no_grad():
-        run = _Run(target, as_draft(draft), IDS, None, job)
-        meter = getattr(run, "meter", None)  # the loop's round timer (hfspec.decoding.costmodel), driven as decode does
+        run = Run(target, as_draft(draft), IDS, None, job)
         while run.active:
-            if meter is not None:
-                meter.begin(len(run.active))
-            proposal = propose(run)
-            verdict = verify_proposal(run, proposal)
+            run.meter.begin(len(run.active))  # the loop's round timer (hfspec.decoding.costrecord), as decode drives it
+            proposal, verdict = job.verifier.propose_and_verify(run)
             kept += verdict.from_leaf
             done = commit(run, proposal, verdict)
             settle(run, proposal, verdict, done)
-            if meter is not None:
-                meter.end(proposal.gamma, sum(done.accepted))
+            run.meter.end(proposal.gamma, sum(done.accepted))
             if run.active:
                 assert torch.equal(run.slots.tokens[0], run.history(0))
     assert kept > 0
@@ -141,7 +137,7 @@ def sample_runs(target, draft, prompt, seed, temperature=1.0, top_k=None, tree=3
     out, leaves, kept = torch.empty(runs, NEW, dtype=torch.long), 0, 0
     for k in range(runs):
         job = DecodeJob(scorer=scorer, stopper=Stopper(None, None, len(prompt) + NEW), policy=FixedGamma(2),
-                        pad_token_id=2, generator=generator, tree=Tree(tree, below=1.01, always=True))
+                        pad_token_id=2, generator=generator, verifier=Tree(tree, below=1.01, always=True))
         with torch.no_grad():
             result = decode(target, as_draft(draft), ids, None, job)
         out[k] = result.sequences[0, len(prompt):]

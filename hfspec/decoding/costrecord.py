@@ -155,6 +155,11 @@ class RoundMeter:
                 self._pick += time.perf_counter() - began
         return timed_pick
 
+    def add_pick(self, seconds: float) -> None:
+        """Add `seconds` of per-token bookkeeping outside `timed` picks (a token tree's growing) to the round's
+        draft-token overhead."""
+        self._pick += seconds
+
     def excluded(self):
         meter = self
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 
 from hfspec.decoding.costmodel import Acceptance, CostModel, CostRecord
-from hfspec.decoding.gamma import DEFAULT_C
+from hfspec.decoding.gamma import DEFAULT_C, GammaPolicy
 from hfspec.drafts.base import ModelDraft
 from hfspec.errors import bad_value
 
@@ -43,11 +43,11 @@ PRIOR = 2.0  # pseudo-counts of a confidence bin at the pooled α
 MIN_ROUNDS = 3
 
 
-class EarlyExit:
+class EarlyExit(GammaPolicy):
     """A γ policy wrapper: `inner` gives the round's cap γ; `decide` (called by the draft after each draft
     step) stops the round early; `observe` (called by the loop after verification) learns g(m)."""
 
-    def __init__(self, inner, costs: CostRecord | None = None, calibration=None,
+    def __init__(self, inner: GammaPolicy, costs: CostRecord | None = None, calibration=None,
                  token_costs: tuple[float, float] | None = None):
         """calibration (m -> g) and token_costs ((propose, go on) in tokens) replace the fitted ones when given
         (tests; a policy carried over from an earlier run)."""
@@ -168,5 +168,5 @@ def check_early_exit(early_exit, draft) -> None:
                         f"sibling, have a confidence to stop on; got {type(draft).__name__})")
 
 
-def with_early_exit(policy, stats) -> EarlyExit:
+def with_early_exit(policy: GammaPolicy, stats) -> EarlyExit:
     return EarlyExit(policy, costs=stats.costs)

@@ -22,9 +22,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 from statistics import median
+from typing import Protocol, runtime_checkable
 
 from hfspec.decoding.costmodel import Acceptance, CostModel, CostRecord, best_gamma
 from hfspec.decoding.stats import optimal_gamma, paper_speedup
+from hfspec.drafts.base import Decide
 from hfspec.validate import AUTO_GAMMA_MAX
 
 DEFAULT_C = 0.2  # c when nothing better is known (e.g. a draft with no weights, like prompt lookup)
@@ -33,7 +35,31 @@ OUTLIER = 3.0  # a round's part costing over this × the window's median for tha
 MIN_CLEAN = 4  # clean live measurements before the live policy may decode plainly (γ 0)
 
 
-class FixedGamma:
+@runtime_checkable
+class GammaPolicy(Protocol):
+    """How many tokens the draft proposes each round (`DecodeJob.policy`). `next()` gives the round's γ before the
+    draft runs; `update` hears the round's γ, accepted and checked counts and per-forward seconds (draft step,
+    target pass) after verification; `label` is what `SpecStats.gamma` shows (4, "auto", "auto+exit").
+
+    Optional, with defaults for a class that subclasses this protocol: `observe` (per row, accepted and checked
+    counts: an early exit's calibration) and `decide` (a `hfspec.drafts.base.Decide` the draft asks after each
+    step, or None to propose γ tokens). A policy that cannot bias the output decides only from what the rounds
+    before this one showed (module doc)."""
+
+    label: int | str
+    decide: Decide | None = None
+
+    def next(self) -> int:
+        """This round's γ (the loop caps it by the length budget)."""
+
+    def update(self, gamma: int, accepted: int, checked: int, draft_seconds: float, target_seconds: float) -> None:
+        """Learn from the round just verified."""
+
+    def observe(self, accepted: list[int], checked: list[int]) -> None:
+        """Per row of the round just committed: draft tokens accepted and checked."""
+
+
+class FixedGamma(GammaPolicy):
     """The same γ every round."""
 
     def __init__(self, gamma: int):
@@ -47,7 +73,7 @@ class FixedGamma:
         """Fixed: nothing to learn."""
 
 
-class AdaptiveGamma:
+class AdaptiveGamma(GammaPolicy):
     """Picks the γ with the most predicted tokens/s from a decayed estimate of α and the costs (module doc: which
     costs, frozen or live).
 

@@ -19,8 +19,10 @@ import time
 
 import torch
 
-from hfspec.decoding.round import Verdict
+from hfspec.decoding.chain import propose, verify_chain
+from hfspec.decoding.round import Proposal, Verdict
 from hfspec.decoding.sampling import draw_siblings, sample, verify_tree, verify_tree_greedy
+from hfspec.decoding.verifier import RoundState
 from hfspec.kernels import cache as kv
 from hfspec.kernels.kv_model import CachedModel
 from hfspec.validate import bad_value
@@ -29,7 +31,8 @@ DEFAULT_BELOW = 0.8  # siblings where the draft's top probability is under this:
 
 
 class Tree:
-    """Per-run tree state: `width` candidates per unsure position (the chain token and width − 1 siblings).
+    """The sibling-leaf `Verifier` and its per-run state: `width` candidates per unsure position (the chain token
+    and width − 1 siblings).
 
     Whether leaves pay is decided from the run's own measurements (`LeafCost`) unless `always`: a leaf costs
     the verify pass's marginal seconds per position and is worth a token whenever its sibling is kept. Which
@@ -42,6 +45,16 @@ class Tree:
         self.always = always
         self.cost = LeafCost()
         self._tops: list[torch.Tensor] = []
+
+    def check(self, target, run: RoundState) -> None:
+        check_tree_target(target, run.target)
+
+    def propose_and_verify(self, run: RoundState) -> tuple[Proposal, Verdict]:
+        """The chain's proposal (this tree's `pick` keeps each position's top candidates), verified with sibling
+        leaves where the draft is unsure (`tree_round`), else as a chain."""
+        proposal = propose(run, lambda pick, groups: self.wrap_pick(pick, run.scorer, groups))
+        verdict = tree_round(run, proposal, self)
+        return proposal, verdict if verdict is not None else verify_chain(run, proposal)
 
     def wrap_pick(self, pick, scorer, groups):
         """The loop's `pick`, also keeping each position's top candidates when greedy (q is None there)."""
@@ -129,17 +142,17 @@ class LeafCost:
         return kept_per_leaf * self.seconds / self.tokens > b
 
 
-def tree_round(run, proposal, tree: Tree):
+def tree_round(run: RoundState, proposal: Proposal, tree: Tree) -> Verdict | None:
     """Verify `proposal` with sibling leaves and return the `Verdict`; None when this round has no leaves (the
     chain is verified as usual).
 
     When a sibling is kept, `proposal.x` at that position becomes the sibling and the verdict counts it as
     accepted, so commit and settle need nothing else; the caches are already set to the accepted path."""
-    scorer, gamma, generator = run.job.scorer, proposal.gamma, run.job.generator
+    scorer, gamma, generator = run.scorer, proposal.gamma, run.generator
     greedy = not scorer.do_sample
     if not gamma or (proposal.q is None and not greedy):
         return None
-    tree.cost.observe_runner(run.target, run.draft.seconds, sum(len(o) for o in run.out))
+    tree.cost.observe_runner(run.target, run.draft.seconds, run.new_tokens())
     x = proposal.x[0]
     siblings = tree.siblings(x, None if greedy else proposal.q[0], generator)
     leaves = [(j, int(t)) for j, sibs in enumerate(siblings) for t in sibs.tolist()]
@@ -147,10 +160,8 @@ def tree_round(run, proposal, tree: Tree):
         return None
     target, slots, start = run.target, run.slots, proposal.start
     before = target.seconds
-    logits = feed_tree(target, slots, start, gamma, leaves).to(run.input_ids.device)
-    meter = getattr(run, "meter", None)  # the cost model's round timer, when the loop keeps one
-    if meter is not None:
-        meter.scoring()
+    logits = feed_tree(target, slots, start, gamma, leaves).to(run.device)
+    run.meter.scoring()
     chain, leaf_logits = logits[:, : gamma + 1], logits[:, gamma + 1 :]
     if greedy:
         n, i, token = verify_tree_greedy(scorer.greedy(proposal.groups, proposal.x, chain)[0], x, siblings)
@@ -175,8 +186,7 @@ def tree_round(run, proposal, tree: Tree):
         slots.tokens[0, start + n] = sibling  # the slot held x_{n+1}: the draft catches up on what was kept
         run.draft.rollback(start + n)
         proposal.x, n = path, n + 1
-    if meter is not None:
-        meter.scored()
+    run.meter.scored()
     device = proposal.x.device
     run.stats.tree_leaves += len(leaves)
     run.stats.tree_kept += int(i >= 0)

@@ -35,6 +35,7 @@ from hfspec.decoding.round import Proposal, RoundTree, Verdict, history_groups
 from hfspec.decoding.sampling import draw_without_replacement, sample, verify_children
 from hfspec.decoding.siblings import check_tree_target
 from hfspec.decoding.tree_shape import AutoShape, TreeShape
+from hfspec.decoding.verifier import RoundState
 from hfspec.drafts.base import ModelDraft
 from hfspec.kernels import cache as kv
 from hfspec.kernels.kv_model import CachedModel
@@ -57,7 +58,7 @@ class _Node:
 
 
 class DynamicTree:
-    """Per-run state: a fixed `TreeShape`, or `AutoShape` for "auto"."""
+    """The token-tree `Verifier` and its per-run state: a fixed `TreeShape`, or `AutoShape` for "auto"."""
 
     def __init__(self, shape: TreeShape | AutoShape):
         self.shape = shape
@@ -68,6 +69,12 @@ class DynamicTree:
     @property
     def auto(self) -> bool:
         return isinstance(self.shape, AutoShape)
+
+    def check(self, target, run: RoundState) -> None:
+        check_dynamic_tree(target, run.target, run.draft)
+
+    def propose_and_verify(self, run: RoundState) -> tuple[Proposal, Verdict]:
+        return dynamic_round(run, self)
 
 
 def check_dynamic_tree(target, runner, draft) -> None:
@@ -325,21 +332,20 @@ def grow(tree: DynamicTree, draft_side: _DraftSide, scorer, groups, generator, g
     return nodes, levels
 
 
-def dynamic_round(run, tree: DynamicTree):
+def dynamic_round(run: RoundState, tree: DynamicTree) -> tuple[Proposal, Verdict]:
     """One round with a token tree: grow, score in one target pass, walk; returns (Proposal, Verdict) shaped
     like a chain's whose x is the accepted path (padded to the tree's depth), so commit and settle are the
     chain's. Both caches are left holding the accepted path."""
-    job, slots, scorer = run.job, run.slots, run.job.scorer
-    greedy, generator, start = not scorer.do_sample, job.generator, slots.size
-    device = run.input_ids.device
-    room = job.stopper.budget(run.prompt_len + len(run.out[0]))
-    groups = history_groups([run.history(0)], device) if scorer.needs_history else None
+    slots, scorer = run.slots, run.scorer
+    greedy, generator, start = not scorer.do_sample, run.generator, slots.size
+    device = run.device
+    room = run.room()  # batch size 1: the one row's budget
+    groups = history_groups([run.history(run.active[0])], device) if scorer.needs_history else None
     clock = (run.draft.seconds, run.draft.forwards)
     began = time.perf_counter()
     side = _DraftSide(run.draft, slots, start)
     nodes, levels = grow(tree, side, scorer, groups, generator, greedy, max(0, room - 1))
-    if hasattr(run.meter, "_pick"):  # the tree's bookkeeping counts as the draft's per-token overhead
-        run.meter._pick += time.perf_counter() - began - (run.draft.seconds - clock[0])
+    run.meter.add_pick(time.perf_counter() - began - (run.draft.seconds - clock[0]))  # the tree's bookkeeping
     target, before, fed_before = run.target, run.target.seconds, run.target.positions_fed
     tokens = [n.token for n in nodes[1:]]
     logits = feed_token_tree(target, slots.tokens, slots.positions, start, tokens, [n.parent - 1 for n in nodes[1:]],
@@ -378,7 +384,7 @@ def dynamic_round(run, tree: DynamicTree):
     run.meter.scored()
     depth = max((n.depth for n in nodes), default=0)
     x_row = path_tokens + [path_tokens[-1] if path_tokens else 0] * (depth - len(path_tokens))
-    proposal = Proposal(torch.tensor([x_row], dtype=run.input_ids.dtype, device=device), None, start, depth,
+    proposal = Proposal(torch.tensor([x_row], dtype=run.token_dtype, device=device), None, start, depth,
                         groups, clock)
     run.stats.tree_leaves += len(nodes) - 1
     run.stats.tree_kept += sum(nodes[k].rank > 0 for k in path)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from hfspec.attrs import DRAFT_SPEC, STEP_PATH, get_attr, set_attr
 from hfspec.drafts import bnb, calibrated, int8, lookup, mixed, registry, rtn, sibling
 from hfspec.drafts.base import Draft, ModelDraft, NoDraft, as_draft
 from hfspec.drafts.cost import CostReport, measure_cost, weight_bytes
@@ -67,7 +68,7 @@ def make_draft(target: nn.Module, spec, **options) -> nn.Module:
     if kind.options is not None:
         _only(options, set(kind.options), parsed)
     draft = kind.build(target, parsed, options)
-    draft.hfspec_draft_spec = parsed.label
+    set_attr(draft, DRAFT_SPEC, parsed.label)
     if kind.copies_target:
         warn_if_unfaithful(target, draft)  # a quantised copy far from its target: warn, with the number
     return draft
@@ -75,8 +76,8 @@ def make_draft(target: nn.Module, spec, **options) -> nn.Module:
 
 def describe(draft) -> dict:
     """How a draft runs: its kind, label, the path of its decode step and, for quantised layers, each layer's."""
-    label = getattr(draft, "hfspec_draft_spec", None) or type(draft).__name__
-    step = getattr(draft, "hfspec_step_path", None) or "Hugging Face forward"
+    label = get_attr(draft, DRAFT_SPEC) or type(draft).__name__
+    step = get_attr(draft, STEP_PATH) or "Hugging Face forward"
     return {"label": label, "step": step, "layers": summary(draft) if isinstance(draft, nn.Module) else {}}
 
 

@@ -1,8 +1,8 @@
 """The one interface the decoding loop talks to: a `Draft` proposes tokens and owns its own state.
 
-    x, q = draft.propose(slots, gamma, pick)   # appends x to the slots; q [B, k, V] (None when greedy)
+    x, q = draft.propose(slots, gamma, pick, decide)   # appends x to the slots; q [B, k, V] (None when greedy)
     draft.rollback(length); draft.keep_rows(rows)
-    draft.attach(target_runner)                # optional: the target's runner, before the first round
+    draft.attach(target_runner)                        # optional (`AttachesToTarget`): the target's runner
 
 A model-backed draft (`ModelDraft`) feeds the slots it has not seen through a runner with a KV cache (the HF
 forward via `CachedModel`, or a lean step of its own) and lets the loop's `pick` turn logits into tokens and
@@ -14,10 +14,11 @@ target's runner there.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
+from hfspec.attrs import DRAFT_HOOK, hook
 from hfspec.kernels.kv_model import CachedModel
 from hfspec.kernels.lean import LeanDecoder, LeanRunner, lean_step_of
 from hfspec.kernels.slots import Slots
@@ -25,8 +26,12 @@ from hfspec.validate import vocab_size
 
 # pick(logits [B, 1, V'], x_so_far [B, j]) -> (x_j [B], q_j [B, V] or None when greedy)
 Pick = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
+# decide(j, logits [B, 1, V'], x_j [B], q_j [B, V] or None) -> (propose x_j, go on to j + 1): an early exit
+# (`hfspec.decoding.early_exit.EarlyExit.decide`); it reads q_j or the logits, never x_j
+Decide = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor | None], tuple[bool, bool]]
 
 
+@runtime_checkable
 class Draft(Protocol):
     """What the decoding loop needs from a draft. Times are seconds spent in the draft's forwards."""
 
@@ -34,8 +39,11 @@ class Draft(Protocol):
     forwards: int
     positions_fed: int
 
-    def propose(self, slots: Slots, gamma: int, pick: Pick) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Up to `gamma` tokens x [B, k] (k ≤ γ) appended to `slots`, and their distributions q [B, k, V]."""
+    def propose(self, slots: Slots, gamma: int, pick: Pick, decide: Decide | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Up to `gamma` tokens x [B, k] (k ≤ γ) appended to `slots`, and their distributions q [B, k, V]. `decide`,
+        when given, is asked after each draft step whether to propose that token and whether to go on; a draft
+        that cannot stop early (no confidence to stop on) may ignore it."""
 
     def rollback(self, length: int) -> None:
         """Forget slots at and beyond `length`."""
@@ -43,16 +51,20 @@ class Draft(Protocol):
     def keep_rows(self, rows: torch.Tensor) -> None:
         """Drop finished rows."""
 
+
+@runtime_checkable
+class AttachesToTarget(Protocol):
+    """A `Draft` that also wants the target's runner (optional): a draft sharing the target's weights and cache."""
+
     def attach(self, target_runner) -> None:
-        """Given the target's runner (`feed`/`rollback`/`keep_rows`, see `hfspec.kernels.kv_model.CachedModel`) before the
-        first round. Optional: `attach_draft` skips drafts without it."""
+        """Given the target's runner (`feed`/`rollback`/`keep_rows`, see `hfspec.kernels.kv_model.CachedModel`)
+        before the first round."""
 
 
 def attach_draft(draft: Draft, target_runner) -> None:
-    """Give `draft` the target's runner when it wants it (the `attach` hook is optional for a `Draft`)."""
-    hook = getattr(draft, "attach", None)
-    if callable(hook):
-        hook(target_runner)
+    """Give `draft` the target's runner when it wants it (`AttachesToTarget`)."""
+    if isinstance(draft, AttachesToTarget):
+        draft.attach(target_runner)
 
 
 class NoDraft:
@@ -60,7 +72,7 @@ class NoDraft:
 
     seconds, forwards, positions_fed = 0.0, 0, 0
 
-    def propose(self, slots: Slots, gamma: int, pick: Pick):
+    def propose(self, slots: Slots, gamma: int, pick: Pick, decide: Decide | None = None):
         return slots.tokens.new_empty((slots.tokens.shape[0], 0)), None
 
     def rollback(self, length: int) -> None:
@@ -93,8 +105,8 @@ class ModelDraft:
     def positions_fed(self) -> int:
         return self.runner.positions_fed
 
-    def propose(self, slots: Slots, gamma: int, pick: Pick, decide=None):
-        """`decide(j, logits, x_j, q_j) -> (propose x_j, go on)`: an early exit (`hfspec.decoding.early_exit`), or None."""
+    def propose(self, slots: Slots, gamma: int, pick: Pick, decide: Decide | None = None):
+        """`decide`: an early exit (`hfspec.decoding.early_exit`), or None (propose γ tokens)."""
         start = slots.size
         xs, qs = [], []
         for j in range(gamma):
@@ -124,13 +136,14 @@ class ModelDraft:
 
 
 def as_draft(model, vocab: int | None = None) -> Draft:
-    """The `Draft` for a draft model: its own (`model.hfspec_draft(vocab)`) when it has one, a lean decoder's own
-    steps called directly (no module call, no keywords), else the lean step of its float weights when its family
-    allows (`hfspec.kernels.lean.lean_step_of`), else the HF forward with a KV cache. None gives plain decoding."""
+    """The `Draft` for a draft model: its own (`model.hfspec_draft(vocab)`, `hfspec.attrs.DRAFT_HOOK`) when it has
+    one, a lean decoder's own steps called directly (no module call, no keywords), else the lean step of its float
+    weights when its family allows (`hfspec.kernels.lean.lean_step_of`), else the HF forward with a KV cache. None
+    gives plain decoding."""
     if model is None:
         return NoDraft()
-    own = getattr(model, "hfspec_draft", None)
-    if callable(own):
+    own = hook(model, DRAFT_HOOK)
+    if own is not None:
         return own(vocab)
     if isinstance(model, LeanDecoder):
         return ModelDraft(LeanRunner(model), vocab)

@@ -11,6 +11,7 @@ import logging
 import torch
 from torch import nn
 
+from hfspec.attrs import LAYER_PATH, get_attr, set_attr
 from hfspec.drafts.registry import DraftKind, DraftSpec, Field, fail
 from hfspec.errors import HfspecError
 from hfspec.extras import require_extra
@@ -95,7 +96,7 @@ def _bnb_linear(bnb, module: nn.Module, bnb_type: str) -> nn.Module:
     if bias:
         new.bias = nn.Parameter(module.bias.detach().clone(), requires_grad=False)
     new = new.to(weight.device)  # quantises
-    new.hfspec_path = f"bnb {bnb_type}"
+    set_attr(new, LAYER_PATH, f"bnb {bnb_type}")
     block = getattr(new.weight, "blocksize", None) or 64
     if bnb_type != "int8" and getattr(new, "support_avx512bf16_for_cpu", False) and (
             out_features % 32 or in_features % block):
@@ -105,7 +106,7 @@ def _bnb_linear(bnb, module: nn.Module, bnb_type: str) -> nn.Module:
         new.support_avx512bf16_for_cpu = False
         why = f"N={out_features} not a multiple of 32" if out_features % 32 else f"K={in_features} not a " \
             f"multiple of {block}"
-        new.hfspec_path += f" (generic CPU kernel: {why})"
+        set_attr(new, LAYER_PATH, get_attr(new, LAYER_PATH) + f" (generic CPU kernel: {why})")
     return new
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from hfspec.attrs import CALIBRATION, set_attr
 from hfspec.drafts.registry import DraftKind, DraftSpec
 from hfspec.drafts.rtn import GroupSpecs, make_rtn_draft
 from hfspec.errors import HfspecError
@@ -145,7 +146,7 @@ def make_calibrated_draft(target: nn.Module, bits: int, group_size: int, compile
     by_weight = {id(target.get_submodule(name).weight): c for name, c in codes.items()}
     draft = make_rtn_draft(target, bits, group_size, lean=lean, compiled=compiled, progress=progress,
                            head_top=head_top, codes=by_weight)
-    draft.hfspec_calibration = where
+    set_attr(draft, CALIBRATION, where)
     return draft
 
 

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from hfspec.attrs import DRAFT_SPEC, FIDELITY, SHARED_VOCAB, get_attr, set_attr
 from hfspec.errors import bad_value
 from hfspec.kernels import cache
 from hfspec.validate import vocab_size
@@ -29,7 +30,7 @@ _PROBES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> it
 def fidelity(target: nn.Module, draft: nn.Module, ids) -> float:
     """Mean over the positions of `ids` of Σ_v min(p, q), p and q the softmax (T = 1) of the raw next-token
     logits of target and draft. Compared over the target's vocabulary: draft rows beyond it (or beyond the
-    sibling's shared vocabulary, `hfspec_shared_vocab`) are dropped, target rows the draft lacks get q = 0.
+    sibling's shared vocabulary, `hfspec.attrs.SHARED_VOCAB`) are dropped, target rows the draft lacks get q = 0.
 
     ids: token ids, a list, a [L] or a [B, L] LongTensor. Returns a number in [0, 1] (1: identical).
     """
@@ -39,7 +40,7 @@ def fidelity(target: nn.Module, draft: nn.Module, ids) -> float:
     p_logits = _logits(target, ids)
     q_logits = _logits(draft, ids).to(p_logits.device)
     vocab = p_logits.shape[-1]
-    usable = min(q_logits.shape[-1], vocab, int(getattr(draft, "hfspec_shared_vocab", None) or vocab))
+    usable = min(q_logits.shape[-1], vocab, int(get_attr(draft, SHARED_VOCAB) or vocab))
     p = F.softmax(p_logits, dim=-1)
     q = F.softmax(q_logits[..., :usable], dim=-1)
     overlap = torch.minimum(p[..., :usable], q).sum(dim=-1)
@@ -84,15 +85,15 @@ def warn_if_unfaithful(target: nn.Module, draft, label: str | None = None, thres
     (default `LOW_FIDELITY`).
 
     Costs `tokens` cached target steps once per target, then one forward of each model over the probe. Returns
-    the number (also kept as `draft.hfspec_fidelity`), or None for a draft that is not a model.
+    the number (also recorded as `get_attr(draft, FIDELITY)`, `hfspec.attrs`), or None for a draft that is not a model.
     """
     if not isinstance(draft, nn.Module):
         return None
     threshold = LOW_FIDELITY if threshold is None else threshold
     value = fidelity(target, draft, probe_ids(target, tokens))
-    draft.hfspec_fidelity = value
+    set_attr(draft, FIDELITY, value)
     if value < threshold:
-        name = label or getattr(draft, "hfspec_draft_spec", None) or type(draft).__name__
+        name = label or get_attr(draft, DRAFT_SPEC) or type(draft).__name__
         warnings.warn(
             f"hfspec: draft {name!r} is far from its target: mean Σmin(p, q) = {value:.3f} over the target's own "
             f"{tokens}-token greedy text (1.0 = identical, expected acceptance at T=1 ≈ this; below {threshold} "

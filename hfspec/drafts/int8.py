@@ -19,6 +19,7 @@ import re
 
 from torch import nn
 
+from hfspec.attrs import DRAFT_SPEC, set_attr
 from hfspec.drafts.fidelity import warn_if_unfaithful
 from hfspec.drafts.registry import DraftKind, DraftSpec, Field, fail
 from hfspec.drafts.rtn import HEAD_DEFAULT, STEPS, GroupSpecs, _step_suffix, _top_suffix, make_rtn_draft
@@ -117,7 +118,7 @@ def _assisted(target, draft, spec: DraftSpec, gamma: int):
     """HF assisted generation has no int8 forward to run: it gets the nearest HF-forward copy, rtn8, and says so."""
     eager = DraftSpec("rtn", bits=8, group_size=32)
     assistant = make_rtn_draft(target, 8, 32, lean=False)  # what make_draft(target, eager, lean=False) builds
-    assistant.hfspec_draft_spec = eager.label
+    set_attr(assistant, DRAFT_SPEC, eager.label)
     warn_if_unfaithful(target, assistant)
     return ({"assistant_model": assistant},
             f"{eager.label} through the HF forward (int8 has no HF forward)")

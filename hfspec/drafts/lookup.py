@@ -24,7 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from hfspec.drafts.base import Pick
+from hfspec.attrs import STEP_PATH, set_attr
+from hfspec.drafts.base import Decide, Pick
 from hfspec.drafts.registry import DraftKind, DraftSpec, Field, fail
 from hfspec.errors import bad_value
 from hfspec.kernels.slots import Slots
@@ -45,7 +46,7 @@ class LookupDraft:
         self.ngram = ngram
         self.seconds = 0.0
 
-    def propose(self, slots: Slots, gamma: int, pick: Pick):
+    def propose(self, slots: Slots, gamma: int, pick: Pick, decide: Decide | None = None):
         if gamma <= 0:
             return slots.tokens.new_empty((slots.tokens.shape[0], 0)), None
         began = time.perf_counter()
@@ -111,14 +112,14 @@ def match_lengths(seq: np.ndarray, ok: np.ndarray | None, ngram: int) -> np.ndar
 
 class PromptLookup(nn.Module):
     """The draft model `make_draft(target, "lookup")` returns: no weights, the target's config (for code that
-    reads `draft.config.vocab_size`), and its own `Draft` (`hfspec_draft`). It has no forward."""
-
-    hfspec_step_path = "prompt lookup (n-gram copy, no model forward)"
+    reads `draft.config.vocab_size`), and its own `Draft` (`hfspec_draft`, the `DRAFT_HOOK` of `hfspec.attrs`). It
+    has no forward."""
 
     def __init__(self, config, ngram: int = DEFAULT_NGRAM):
         super().__init__()
         self.config = config
         self.ngram = ngram
+        set_attr(self, STEP_PATH, "prompt lookup (n-gram copy, no model forward)")
 
     def hfspec_draft(self, vocab: int | None = None) -> LookupDraft:
         return LookupDraft(self.ngram)

@@ -11,6 +11,7 @@ import re
 
 from torch import nn
 
+from hfspec.attrs import DRAFT_SPEC, set_attr
 from hfspec.drafts.fidelity import warn_if_unfaithful
 from hfspec.drafts.registry import DraftKind, DraftSpec, Field, fail
 from hfspec.errors import HfspecError
@@ -137,7 +138,7 @@ class GroupSpecs:
             return None
         eager = DraftSpec(spec.kind, bits=spec.bits, group_size=spec.group_size)
         assistant = _build(target, eager, {"lean": False})  # what make_draft(target, eager, lean=False) builds
-        assistant.hfspec_draft_spec = eager.label
+        set_attr(assistant, DRAFT_SPEC, eager.label)
         warn_if_unfaithful(target, assistant)
         return {"assistant_model": assistant}, f"{eager.label} through the HF forward"
 

@@ -7,6 +7,7 @@ import re
 
 from torch import nn
 
+from hfspec.attrs import SHARED_VOCAB, set_attr
 from hfspec.drafts.registry import DraftKind, DraftSpec, Field, fail
 from hfspec.errors import HfspecError
 from hfspec.io.loading import load_model, load_tokenizer
@@ -32,7 +33,7 @@ def check_sibling(target: nn.Module, draft: nn.Module, target_tokenizer=None, dr
     """Check a sibling draft can propose tokens for `target` (tokenizers, embedding rows).
 
     When the tokenizers match but the models have different numbers of vocabulary rows (padding on either
-    side), the draft is marked with `hfspec_shared_vocab` = the tokenizer's size: decoding then never proposes
+    side), the draft is marked with `SHARED_VOCAB` (`hfspec.attrs`) = the tokenizer's size: decoding then never proposes
     a draft row beyond it, and target rows beyond the draft's get q = 0 (`validate.check_pair`).
     """
     t_rows, d_rows = _vocab_rows(target), _vocab_rows(draft)
@@ -44,7 +45,7 @@ def check_sibling(target: nn.Module, draft: nn.Module, target_tokenizer=None, dr
                 raise HfspecError(f"draft: the {role} model has {rows} vocabulary rows, fewer than the "
                                   f"tokenizer's {needed} tokens; allowed: models covering the whole tokenizer")
         if t_rows is not None and d_rows is not None and t_rows != d_rows:
-            draft.hfspec_shared_vocab = needed
+            set_attr(draft, SHARED_VOCAB, needed)
     elif t_rows is not None and d_rows is not None and t_rows != d_rows:
         raise HfspecError(f"draft: vocab_size {d_rows} differs from the target's {t_rows} and no tokenizers were "
                           "given to check them; pass target_tokenizer= and draft_tokenizer= (padded vocabularies "

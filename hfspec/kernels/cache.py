@@ -12,6 +12,8 @@ import inspect
 import torch
 from transformers import DynamicCache
 
+from hfspec.attrs import NEW_CACHE_HOOK, hook
+
 
 @functools.cache
 def _forward_params(model_cls: type) -> frozenset[str]:
@@ -31,9 +33,10 @@ def accepts(model: torch.nn.Module, name: str) -> bool:
 
 
 def new_cache(model: torch.nn.Module) -> DynamicCache:
-    """An empty cache for `model`: its own when it brings one (`hfspec_new_cache`), else HF's dynamic cache."""
-    own = getattr(model, "hfspec_new_cache", None)
-    if callable(own):
+    """An empty cache for `model`: its own when it brings one (`NEW_CACHE_HOOK`, `hfspec.attrs`), else HF's dynamic
+    cache."""
+    own = hook(model, NEW_CACHE_HOOK)
+    if own is not None:
         return own()
     try:
         cache = DynamicCache(config=model.config)

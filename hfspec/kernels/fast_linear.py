@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hfspec.attrs import NAMESPACE, PACKED, del_attr, get_attr, has_attr, set_attr
+
 MIN_ROWS = 2  # calls with at least this many rows use the prepacked weight
 
 
@@ -49,13 +51,14 @@ class _Packed:
 
 
 def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    packed = self.hfspec_packed
+    space = self.__dict__[NAMESPACE]  # `get_attr(self, PACKED)`, read directly: this runs on every call
+    packed = space[PACKED]
     rows = x.numel() // self.in_features if x.dim() else 0
     if (packed is None or rows < MIN_ROWS or x.dtype != torch.float32 or x.device.type != "cpu"
             or torch.is_grad_enabled()):
         return F.linear(x, self.weight, self.bias)
     if packed.version != self.weight._version:  # the weight changed in place since: pack it again
-        packed = self.hfspec_packed = _Packed(self.weight)
+        packed = space[PACKED] = _Packed(self.weight)
     y = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, self.in_features), packed.tensor, self.bias,
                                            "none", [], "")
     return y.view(*x.shape[:-1], self.out_features)
@@ -69,10 +72,10 @@ def prepack(model: nn.Module) -> int:
     added = 0
     with torch.no_grad():
         for module in model.modules():
-            if (type(module) is not nn.Linear or hasattr(module, "hfspec_packed")
+            if (type(module) is not nn.Linear or has_attr(module, PACKED)
                     or module.weight.dtype != torch.float32 or module.weight.device.type != "cpu"):
                 continue
-            module.hfspec_packed = _Packed(module.weight)
+            set_attr(module, PACKED, _Packed(module.weight))
             module.forward = types.MethodType(_forward, module)
             added += module.weight.numel() * module.weight.element_size()
     return added
@@ -81,12 +84,12 @@ def prepack(model: nn.Module) -> int:
 def unprepack(model: nn.Module) -> None:
     """Drop the prepacked copies: every linear runs `F.linear` again."""
     for module in model.modules():
-        if hasattr(module, "hfspec_packed"):
-            del module.hfspec_packed
+        if has_attr(module, PACKED):
+            del_attr(module, PACKED)
             del module.forward  # the instance attribute: nn.Linear.forward again
 
 
 def prepacked_bytes(model: nn.Module) -> int:
     """Bytes of the prepacked copies `model` holds (they are not parameters, so `weight_bytes` leaves them out)."""
     return sum(m.weight.numel() * m.weight.element_size() for m in model.modules()
-               if getattr(m, "hfspec_packed", None) is not None)
+               if get_attr(m, PACKED) is not None)

@@ -7,10 +7,31 @@ batch): holes stay in the cache but are masked out, and position ids skip them.
 from __future__ import annotations
 
 import time
+from typing import Protocol, runtime_checkable
 
 import torch
 
 from hfspec.kernels import cache as kv
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """A model behind its KV cache, as the decoding loop drives it (`CachedModel` is the HF forward's; a
+    self-draft may bring its own). `cached`: slots the cache holds; the counters add up every `feed`."""
+
+    cached: int
+    seconds: float
+    forwards: int
+    positions_fed: int
+
+    def feed(self, tokens, positions, valid, end: int, keep: int, all_valid: bool) -> torch.Tensor:
+        """Run over slots [cached, end); return logits [B, keep, V] of the last `keep` slots."""
+
+    def rollback(self, length: int) -> None:
+        """Forget slots at and beyond `length`."""
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Drop finished rows from the cache."""
 
 
 class CachedModel:

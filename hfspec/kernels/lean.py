@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hfspec.attrs import LEAN_STEP, STEP_PATH, get_attr, set_attr
 from hfspec.errors import HfspecError
 from hfspec.kernels.compiled import COMPILED_FEED_MAX, CompiledStep
 from hfspec.kernels.kv_model import CachedModel
@@ -175,16 +176,16 @@ class LeanDecoder(nn.Module):
         paths = sorted({lin.path for block in self.blocks for lin in block.linears()} | {self.head.path})
         rescored = (f"; the head's top {self.head_top} logits re-scored with the target's head rows"
                     if self.head_top else "; the target's own head (small)" if small and bits is not None else "")
-        self.hfspec_step_path = (f"lean decode step for a {_dtype_name(self.target_dtype)} target (fp32 activations "
-                                 f"and logits; input embedding read from the target's table; {'; '.join(paths)}"
-                                 f"{rescored})")
+        set_attr(self, STEP_PATH, f"lean decode step for a {_dtype_name(self.target_dtype)} target (fp32 "
+                 f"activations and logits; input embedding read from the target's table; {'; '.join(paths)}{rescored})")
         self.compiled_step = None
 
     def compile_step(self, progress=None) -> str:
         """Compile the one-token step (`hfspec.kernels.compiled`); returns what runs: "compiled" or "eager (why)"."""
         step = CompiledStep(self, progress)
         self.compiled_step = step if step.path == "compiled" else None
-        self.hfspec_step_path += f", one-token step {step.path}" + (" (C++ wrapper)" if step.wrapper else "")
+        set_attr(self, STEP_PATH, get_attr(self, STEP_PATH) + f", one-token step {step.path}"
+                 + (" (C++ wrapper)" if step.wrapper else ""))
         return step.path
 
     def _table(self, layer_type, upto: int) -> torch.Tensor:
@@ -202,7 +203,7 @@ class LeanDecoder(nn.Module):
             self._tables[layer_type] = table
         return table
 
-    def hfspec_new_cache(self) -> LeanCache:
+    def hfspec_new_cache(self) -> LeanCache:  # the `NEW_CACHE_HOOK` (hfspec.attrs)
         return LeanCache(len(self.blocks), self.kv_heads, self.head_dim, torch.float32)
 
     def get_output_embeddings(self):
@@ -310,13 +311,13 @@ _LEAN_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # HF draft
 def lean_step_of(model: nn.Module) -> LeanDecoder | None:
     """The lean step of an HF draft model's own float weights (a smaller sibling of the target), or None where
     it cannot run one: another family (`lean_reason`), weights that are not plain CPU `nn.Linear`s (bitsandbytes,
-    swapped quantised modules, accelerate offload), or `model.hfspec_lean_step = False` (opt out).
+    swapped quantised modules, accelerate offload), or `set_attr(model, LEAN_STEP, False)` (opt out, `hfspec.attrs`).
 
     Built once per model and rebuilt when its parameters change (storage or in-place version). A sibling runs a
     third to a half of the HF forward's operators per token (`benchmarks/bench_sibling.py`); the price is memory:
     the fused QKV and gate/up matrices are copies (the rest, embedding and head included, share the model's
     tensors), about two thirds of the sibling's layer weights again."""
-    if getattr(model, "hfspec_lean_step", True) is False or not isinstance(model, nn.Module):
+    if get_attr(model, LEAN_STEP, True) is False or not isinstance(model, nn.Module):
         return None
     params = list(model.parameters())
     if not params or any(p.device.type != "cpu" for p in params):  # meta (offloaded) and accelerator weights

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 import torch
 
 from hfspec.api import generate
+from hfspec.attrs import DRAFT_SPEC, get_attr
 from hfspec.decoding.stats import SpecStats
 from hfspec.drafts import registry
 from hfspec.errors import HfspecError
@@ -34,7 +35,7 @@ def hf_assisted(target, draft, gamma: int, assistant=None) -> tuple[dict, str]:
             raise HfspecError(f"assistant: got {type(assistant).__name__}; allowed: a model with transformers' "
                               "generate (the HF assisted baseline runs it), or None to derive one from the draft")
         return {"assistant_model": assistant}, f"the given {type(assistant).__name__}"
-    spec = getattr(draft, "hfspec_draft_spec", None)
+    spec = get_attr(draft, DRAFT_SPEC)
     parsed = registry.parse(spec) if spec else None
     kind = registry.KINDS.get(parsed.kind) if parsed is not None else None
     found = kind.assisted(target, draft, parsed, gamma) if kind is not None and kind.assisted else None

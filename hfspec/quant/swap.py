@@ -8,6 +8,7 @@ from collections import Counter
 import torch
 from torch import nn
 
+from hfspec.attrs import LAYER_PATH, get_attr
 from hfspec.errors import HfspecError
 from hfspec.quant.known_layers import KEEP, SCALED_EMBEDDING, Conv1D, check_forward, embed_scale, layer_kind
 from hfspec.quant.modules import QuantEmbedding, QuantLinear, QuantWeight, fused_int4_reason
@@ -131,7 +132,7 @@ def _describe_module(module: nn.Module) -> dict | None:
             why = fused_int4_reason(q.bits, q.group_size, q.out_features, q.in_features, q.packed.device)
             path = f"rtn{q.bits} {q.path}" + (f" (no fused kernel: {why})" if q.bits == 4 and why else "")
         return {"kind": kind, "shape": (q.out_features, q.in_features), "path": path}
-    bnb_path = getattr(module, "hfspec_path", None)
+    bnb_path = get_attr(module, LAYER_PATH)
     if bnb_path is not None:
         return {"kind": "linear", "shape": (module.out_features, module.in_features), "path": bnb_path}
     if isinstance(module, nn.Linear | nn.Embedding | Conv1D):
