@@ -9,8 +9,8 @@ from PySide6.QtWidgets import QCheckBox, QComboBox, QFormLayout, QGroupBox, QHBo
 from gui import theme
 from gui.widgets import CheckedDoubleSpinBox, CheckedSpinBox
 from hfspec.decoding.coupling import COUPLINGS
-from hfspec.decoding.request import TREE_MAX
 from hfspec.session import GAMMA_MAX
+from hfspec.validate import TREE_MAX
 
 MAX_TOKENS_UNKNOWN = 32768  # when the target's context length cannot be read
 TREES = [("chain", 0), *((f"siblings {n}", n) for n in range(2, TREE_MAX + 1)), ("auto (token tree)", "auto")]

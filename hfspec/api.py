@@ -19,7 +19,7 @@ from hfspec.decoding.early_exit import check_early_exit, with_early_exit
 from hfspec.decoding.gamma import AdaptiveGamma, FixedGamma, GammaPolicy
 from hfspec.decoding.loop import DecodeJob, decode
 from hfspec.decoding.options import check_speculative_options, given_to_generate
-from hfspec.decoding.request import Request, check_coupling_seed
+from hfspec.decoding.request import Hooks, Request, Sampling, Speculation, check_coupling_seed
 from hfspec.decoding.scoring import Scorer
 from hfspec.decoding.siblings import Tree
 from hfspec.decoding.stats import SpecStats
@@ -64,9 +64,9 @@ def speculative_generate(
     `hfspec_request`: the request `hfspec.generate` already checked (the other hfspec arguments are then unused).
     `tree`: 2..8 candidates per unsure draft position (`hfspec.decoding.siblings`), "auto" or a `TreeShape` for a token tree
     (`hfspec.decoding.trees`); 0 or 1 proposes the plain chain. `coupling`: "rejection" or "gumbel" (`hfspec.decoding.coupling`)."""
-    request = hfspec_request or Request.for_loop(model, input_ids, draft_model, gamma, plain=plain, seed=seed,
-                                                 on_round=on_round, should_stop=should_stop, early_exit=early_exit,
-                                                 tree=tree, coupling=coupling)
+    request = hfspec_request or Request.for_loop(model, input_ids, draft_model,
+                                                 Speculation(gamma, tree, early_exit, coupling), plain=plain,
+                                                 seed=seed, hooks=Hooks(on_round, should_stop))
     sampling = bool(generation_config.do_sample)
     check_coupling_seed(request.coupling, request.seed, sampling)
     stopping_criteria = check_speculative_options(model, request.draft, input_ids, generation_config,
@@ -145,10 +145,9 @@ def generate(
     `plain_generate(..., coupling="gumbel")`; fewer proposals are accepted than with "rejection".
     """
     return _run(Request.for_generate(
-        target, input_ids, draft, gamma, plain=False, temperature=temperature, top_k=top_k, top_p=top_p,
-        max_new_tokens=max_new_tokens, seed=seed, attention_mask=attention_mask, on_round=on_round,
-        should_stop=should_stop, generation_kwargs=generation_kwargs, early_exit=early_exit, tree=tree,
-        coupling=coupling))
+        target, input_ids, draft, Speculation(gamma, tree, early_exit, coupling), plain=False,
+        sampling=Sampling(temperature, top_k, top_p, max_new_tokens, seed), attention_mask=attention_mask,
+        hooks=Hooks(on_round, should_stop), generation_kwargs=generation_kwargs))
 
 
 def plain_generate(
@@ -168,9 +167,9 @@ def plain_generate(
     """The baseline: one target pass per token through the same loop (same sampling, same statistics).
     `coupling="gumbel"` samples by Gumbel-max with hfspec's seeded noise: the text `generate` gives with it."""
     return _run(Request.for_generate(
-        target, input_ids, None, 1, plain=True, temperature=temperature, top_k=top_k, top_p=top_p,
-        max_new_tokens=max_new_tokens, seed=seed, attention_mask=attention_mask, on_round=on_round,
-        should_stop=should_stop, generation_kwargs=generation_kwargs, coupling=coupling))
+        target, input_ids, None, Speculation(1, coupling=coupling), plain=True,
+        sampling=Sampling(temperature, top_k, top_p, max_new_tokens, seed), attention_mask=attention_mask,
+        hooks=Hooks(on_round, should_stop), generation_kwargs=generation_kwargs))
 
 
 def _run(request: Request) -> SpeculativeOutput:

@@ -25,7 +25,6 @@ from dataclasses import replace
 
 from hfspec.api import generate
 from hfspec.drafts import registry
-from hfspec.errors import HfspecError
 from hfspec.io.loading import load_model, load_tokenizer
 from hfspec.live import ROLLING_WINDOW, IncrementalDecoder, LiveBuffer, LiveRecorder, LiveSnapshot
 from hfspec.measure.results import STOP_REASONS, Baseline, CompareRow, RunResult, SweepPoint, SweepResult
@@ -41,7 +40,7 @@ from hfspec.settings import (
     parse_list,
     split_draft_spec,
 )
-from hfspec.validate import GAMMA_MAX
+from hfspec.validate import GAMMA_MAX, check_gammas
 
 __all__ = [
     "GAMMA_MAX", "MEASURE_BUDGET_S", "MEASURE_PAIRS", "MEASURE_SEGMENT", "ROLLING_WINDOW", "STOP_REASONS", "Baseline", "Cancelled",
@@ -206,8 +205,7 @@ class Session:
         """Each draft × γ through `hfspec.measure.sweep.sweep`: `repeats` fixed-length runs per point, each beside its
         own plain baseline; `on_step(i, n)` before point i of n, `on_point(row)` after it."""
         gammas = sorted({int(g) for g in gammas})
-        if not gammas or gammas[0] < 1 or gammas[-1] > GAMMA_MAX:
-            raise HfspecError(f"sweep gammas: got {gammas!r}; allowed: integers from 1 to {GAMMA_MAX}")
+        check_gammas(gammas, "sweep gammas", auto=False)
         settings.validated()
         specs = list(drafts) if drafts else [settings.draft]
         for spec in specs:

@@ -1,22 +1,38 @@
-"""`RunSettings`, the one description of a run (the CLI, the dashboard and presets fill it); `Preset`, a named one
-read from a preset file (`hfspec.io.presets` finds and validates the files); and the draft form helpers that turn
-a kind and its values into a spec string and back."""
+"""`RunSettings`, the one description of a run (the CLI, the dashboard and presets fill it); `Preset`, `RunSettings`
+read from a preset file plus the file's own keys (`hfspec.io.presets` finds the files, checks their keys and
+resolves their folders); and the draft form helpers that turn a kind and its values into a spec string and back."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from hfspec.decoding.coupling import check_coupling
-from hfspec.decoding.request import TREE_MAX
 from hfspec.drafts import make_draft, registry
 from hfspec.errors import HfspecError, bad_value
 from hfspec.io.loading import load_model, load_tokenizer, parse_device, parse_dtype
 from hfspec.io.loading.sources import check_name_lengths
-from hfspec.io.presets import ALLOWED_KEYS, preset_values, read_preset, registered_kind
-from hfspec.validate import check_gamma, check_sampling
+from hfspec.io.presets import (
+    ALLOWED_KEYS,
+    RUN_KEYS,
+    preset_values,
+    read_preset,
+    registered_kind,
+    resolve_sources,
+)
+from hfspec.validate import (
+    check_count,
+    check_flag,
+    check_gamma,
+    check_seed,
+    check_temperature,
+    check_top_k,
+    check_top_p,
+    check_tree,
+    check_tree_coupling,
+)
 
 Progress = Callable[[str], None]
 
@@ -63,25 +79,16 @@ class RunSettings:
             if name != "prompt":  # a name the OS refuses: said now, before any model loads
                 check_name_lengths(value.strip(), name)
         check_gamma(self.gamma)
-        if self.tree != "auto" and (isinstance(self.tree, bool) or not isinstance(self.tree, int)
-                                    or not 0 <= self.tree <= TREE_MAX):
-            raise bad_value("tree", self.tree, f"an integer from 0 to {TREE_MAX} (0 or 1: no tree) or \"auto\"")
+        check_tree(self.tree)
         check_coupling(self.coupling)
-        if self.coupling == "gumbel" and (self.tree == "auto" or self.tree > 1):
-            raise bad_value("tree", self.tree, '0 or 1 with coupling="gumbel" (tree speculation keeps the law by '
-                            "recursive rejection, not the draft-invariant text)")
-        for name in ("temperature", "top_k", "top_p"):  # None is "off" for the API, not a settings value
-            if getattr(self, name) is None:
-                raise bad_value(name, None, {"temperature": "a number >= 0", "top_k": "an integer >= 0 (0 is off)",
-                                             "top_p": "a number in (0, 1] (1 is off)"}[name])
-        check_sampling(self.temperature, self.top_k, self.top_p)
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise bad_value("max_new_tokens", self.max_new_tokens, "an integer >= 1")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**64:
-            raise bad_value("seed", self.seed, "an integer from 0 to 2**64 - 1")
+        check_tree_coupling(self.tree, self.coupling)
+        check_temperature(self.temperature)  # None is "off" for the API, not a settings value
+        check_top_k(self.top_k)
+        check_top_p(self.top_p)
+        check_count("max_new_tokens", self.max_new_tokens, 1)
+        check_seed(self.seed, optional=False, unsigned=True)
         for name in ("chat", "measure_baseline", "ignore_eos", "early_exit"):
-            if not isinstance(getattr(self, name), bool):
-                raise bad_value(name, getattr(self, name), "True or False")
+            check_flag(name, getattr(self, name))
         for name, parse in (("device", parse_device), ("dtype", parse_dtype)):
             value = getattr(self, name)
             if not isinstance(value, str):
@@ -187,25 +194,15 @@ def build_draft(target, spec: str, tokenizer, progress: Progress | None = None):
 # ------------------------------------------------------------------------------------------------ preset
 @dataclass
 class Preset:
-    """A validated preset.  ``target`` / ``draft`` are resolved: local folders become absolute paths,
-    hub ids and quantisation specs stay as written (``raw`` keeps the file's own values)."""
+    """A validated preset: `RunSettings` read from a file (`run_settings`, named after the preset) and the file's
+    own keys. ``target`` / ``draft`` are resolved: local folders become absolute paths, hub ids and quantisation
+    specs stay as written (``raw`` keeps the file's own values). The run fields read as attributes
+    (``preset.gamma``, ``preset.draft``, ...), forwarded to `run_settings`."""
 
+    run_settings: RunSettings
     name: str
-    target: str
-    draft: str
-    gamma: int | str
-    temperature: float
-    top_k: int
-    top_p: float
-    max_new_tokens: int
-    seed: int
-    prompt: str
     needs_download: bool
     description: str = ""
-    chat: bool = False
-    ignore_eos: bool = False
-    tree: int | str = 0
-    coupling: str = "rejection"
     path: Path | None = None
     raw: dict = field(default_factory=dict, repr=False)
 
@@ -223,17 +220,13 @@ class Preset:
             return registry.model_kind().name
         return "quant" if kind.copies_target else kind.name
 
-    def settings(self, **overrides):
+    def settings(self, **overrides) -> RunSettings:
         """The preset as `RunSettings` (the one description of a run), then `overrides`."""
-        values = dict(target=self.target, draft=self.draft, gamma=self.gamma, temperature=float(self.temperature),
-                      top_k=int(self.top_k), top_p=float(self.top_p), max_new_tokens=int(self.max_new_tokens),
-                      seed=int(self.seed), prompt=self.prompt, preset=self.name, chat=bool(self.chat),
-                      ignore_eos=bool(self.ignore_eos), tree=self.tree, coupling=self.coupling)
-        return RunSettings(**(values | overrides))
+        return replace(self.run_settings, **overrides)
 
     def sampling_kwargs(self) -> dict:
         """Keyword arguments for hfspec.generate / plain_generate (top_k 0 and top_p 1.0 mean off)."""
-        return self.settings().generate_kwargs()
+        return self.run_settings.generate_kwargs()
 
     def encode_prompt(self, tokenizer, prompt: str | None = None):
         """Token ids [1, n] for ``prompt`` (default: the preset's), chat-templated when ``chat`` is set."""
@@ -252,6 +245,17 @@ class Preset:
         return {k: getattr(self, k) for k in ("name", *ALLOWED_KEYS)} | {"path": str(self.path) if self.path else None}
 
 
+def _forward(name: str) -> property:
+    def set_value(self, value) -> None:
+        self.run_settings = replace(self.run_settings, **{name: value})
+
+    return property(lambda self: getattr(self.run_settings, name), set_value, doc=f"The preset's `RunSettings.{name}`.")
+
+
+for _name in RUN_KEYS:  # preset.gamma, preset.draft, ...: the run's fields, kept once in run_settings
+    setattr(Preset, _name, _forward(_name))
+
+
 # ------------------------------------------------------------------------------------------------ loading
 def load_preset(name_or_path) -> Preset:
     """Read and validate a preset (a name from `hfspec.io.presets.list_presets` or a path to a .toml file)."""
@@ -260,11 +264,16 @@ def load_preset(name_or_path) -> Preset:
 
 
 def preset_from_dict(data: dict, *, name: str = "custom", base: Path | None = None, path: Path | None = None) -> Preset:
-    """Validate a preset given as a dict; relative folders are resolved against ``base`` (default: cwd). Tree and
-    coupling (and their combination) are checked where every run's settings are (`RunSettings.validated`)."""
-    preset = Preset(name=name, path=path, raw=dict(data), **preset_values(data, name=name, base=base))
+    """Validate a preset given as a dict: its keys (`hfspec.io.presets.preset_values`), then its run fields where
+    every run's settings are checked (`RunSettings.validated`), then its folders, resolved against ``base``
+    (default: cwd)."""
+    values = preset_values(data, name=name)
+    run = {k: values[k] for k in RUN_KEYS}
     try:
-        preset.settings().validated()
+        settings = RunSettings(**run, preset=name).validated()
     except HfspecError as exc:
         raise HfspecError(f"preset {name}: {exc}") from exc
-    return preset
+    settings = replace(settings, temperature=float(settings.temperature), top_p=float(settings.top_p),
+                       **resolve_sources(values, name=name, base=base))
+    return Preset(settings, name=name, needs_download=values["needs_download"], description=values["description"],
+                  path=path, raw=dict(data))

@@ -1,4 +1,5 @@
-"""Checks of user input, made before any model runs. Each error names the field and what is allowed."""
+"""Checks of user input, made before any model runs. Each error names the field and what is allowed; each field
+has one check, which every front end calls."""
 
 from __future__ import annotations
 
@@ -12,29 +13,106 @@ from hfspec.kernels.cache import accepts
 
 GAMMA_MAX = 64  # the largest fixed γ a user may ask for
 AUTO_GAMMA_MAX = 16  # the largest γ that gamma="auto" (AdaptiveGamma, stats.optimal_gamma) considers
+TREE_MAX = 8  # the most sibling candidates per unsure draft position (hfspec.decoding.siblings)
+
+# Every field a user sets is checked by one function here; the CLI, the dashboard, presets (through `RunSettings`)
+# and the API call it, so a field's range and its message live in one place.
 
 
-def check_gamma(gamma) -> None:
-    if gamma == "auto":
+def check_gamma(gamma, fixed: str = "") -> None:
+    """γ: an integer from 1 to GAMMA_MAX or "auto"; `fixed` (why a fixed γ is needed) refuses "auto"."""
+    if gamma == "auto" and not fixed:
         return
-    if isinstance(gamma, bool) or not isinstance(gamma, int) or not 1 <= gamma <= GAMMA_MAX:
-        raise bad_value("gamma", gamma, f'an integer from 1 to {GAMMA_MAX}, or "auto"')
+    if gamma == "auto" or isinstance(gamma, bool) or not isinstance(gamma, int) or not 1 <= gamma <= GAMMA_MAX:
+        allowed = f"an integer from 1 to {GAMMA_MAX} ({fixed})" if fixed else f'an integer from 1 to {GAMMA_MAX}, or "auto"'
+        raise bad_value("gamma", gamma, allowed)
+
+
+def check_gammas(gammas, field: str = "gammas", auto: bool = True) -> None:
+    """A list of γ for a sweep: not empty, each from 1 to GAMMA_MAX (or "auto" where `auto`)."""
+    allowed = f"integers from 1 to {GAMMA_MAX}" + (' or "auto"' if auto else "")
+    if not gammas:
+        raise bad_value(field, gammas, allowed)
+    for g in gammas:
+        if not (auto and g == "auto") and (isinstance(g, bool) or not isinstance(g, int) or not 1 <= g <= GAMMA_MAX):
+            raise bad_value(field, g, allowed)
+
+
+def check_count(field: str, value, minimum: int) -> None:
+    """An integer >= `minimum` (max_new_tokens, repeats, tokens, samples, threads)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise bad_value(field, value, f"an integer >= {minimum}")
+
+
+def check_flag(field: str, value) -> None:
+    if not isinstance(value, bool):
+        raise bad_value(field, value, "True or False")
+
+
+def check_temperature(temperature) -> None:
+    if not _is_number(temperature) or not 0 <= temperature < math.inf:
+        raise bad_value("temperature", temperature, "a finite number >= 0 (0 means greedy)")
+
+
+def check_top_k(top_k) -> None:
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise bad_value("top_k", top_k, "an integer >= 0 (0 turns it off; None keeps the model's generation config, "
+                        "where transformers' default is 50)")
+
+
+def check_top_p(top_p) -> None:
+    if not _is_number(top_p) or not 0 < top_p <= 1:
+        raise bad_value("top_p", top_p, "a number in (0, 1]")
+
+
+def check_min_p(min_p) -> None:
+    if not _is_number(min_p) or not 0 <= min_p <= 1:
+        raise bad_value("min_p", min_p, "a number in [0, 1]")
 
 
 def check_sampling(temperature=None, top_k=None, top_p=None, min_p=None, max_new_tokens=None) -> None:
-    if temperature is not None and (not _is_number(temperature) or not 0 <= temperature < math.inf):
-        raise bad_value("temperature", temperature, "a finite number >= 0 (0 means greedy)")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
-        raise bad_value("top_k", top_k, "an integer >= 0 (0 turns it off; None keeps the model's generation config, "
-                        "where transformers' default is 50)")
-    if top_p is not None and (not _is_number(top_p) or not 0 < top_p <= 1):
-        raise bad_value("top_p", top_p, "a number in (0, 1]")
-    if min_p is not None and (not _is_number(min_p) or not 0 <= min_p <= 1):
-        raise bad_value("min_p", min_p, "a number in [0, 1]")
-    if max_new_tokens is not None and (
-        isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0
-    ):
-        raise bad_value("max_new_tokens", max_new_tokens, "an integer >= 0")
+    """The sampling arguments of the API, each checked when given (None: the model's generation config)."""
+    for value, check in ((temperature, check_temperature), (top_k, check_top_k), (top_p, check_top_p),
+                         (min_p, check_min_p)):
+        if value is not None:
+            check(value)
+    if max_new_tokens is not None:
+        check_count("max_new_tokens", max_new_tokens, 0)
+
+
+def check_seed(seed, *, optional: bool = True, unsigned: bool = False, bits: int = 64) -> None:
+    """An integer torch.Generator.manual_seed takes (1.5 would silently become 1, "abc" fail later): from -2**63
+    (0 when `unsigned`) to 2**bits - 1; None when `optional`."""
+    if seed is None and optional:
+        return
+    low, low_text = (0, "0") if unsigned else (-(2**63), "-2**63")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not low <= seed < 2**bits:
+        allowed = f"an integer from {low_text} to 2**{bits} - 1" + (", or None" if optional else "")
+        raise bad_value("seed", seed, allowed)
+
+
+TREE_ALLOWED = f"an integer from 0 to {TREE_MAX} (0 or 1: no tree)"
+
+
+def check_tree(tree, shapes: tuple[type, ...] = ()) -> None:
+    """`tree`: 0 or 1 (the plain chain), 2..TREE_MAX sibling candidates, "auto", or (the API) one of `shapes`."""
+    dynamic = tree == "auto" if isinstance(tree, str) else isinstance(tree, shapes)
+    if dynamic:
+        return
+    if isinstance(tree, bool) or not isinstance(tree, int) or not 0 <= tree <= TREE_MAX:
+        raise bad_value("tree", tree, TREE_ALLOWED + (', "auto" or an hfspec.TreeShape' if shapes else ' or "auto"'))
+
+
+def is_tree(tree) -> bool:
+    """True for a tree setting that is not the plain chain (2..8 siblings, "auto" or a TreeShape)."""
+    return not (isinstance(tree, int) and not isinstance(tree, bool) and tree <= 1)
+
+
+def check_tree_coupling(tree, coupling: str) -> None:
+    """coupling="gumbel" runs the chain only."""
+    if coupling == "gumbel" and is_tree(tree):
+        raise bad_value("tree", tree, '0 or 1 with coupling="gumbel" (tree speculation keeps the law by '
+                        "recursive rejection, not the draft-invariant text)")
 
 
 def check_input_ids(input_ids, attention_mask=None) -> None:
@@ -61,14 +139,6 @@ def check_token_ids(input_ids: torch.Tensor, *models) -> None:
         where = tuple(int(i) for i in (input_ids == bad).nonzero()[0])
         allowed = f"ids from 0 to {limit - 1} (the models' vocabulary)" if limit else "ids >= 0"
         raise bad_value("input_ids", f"token id {bad} at {where}", allowed)
-
-
-def check_seed(seed) -> None:
-    """None, or an integer torch.Generator.manual_seed takes (1.5 would silently become 1, "abc" fail later)."""
-    if seed is None:
-        return
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not -(2**63) <= seed < 2**64:
-        raise bad_value("seed", seed, "an integer from -2**63 to 2**64 - 1, or None")
 
 
 def _embedding_rows(model) -> int | None:

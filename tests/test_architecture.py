@@ -1,5 +1,6 @@
 """The package layout holds: no import cycle among hfspec's modules (counting imports inside functions), no Qt
-below the front ends, and dependencies that flow one way between packages (docs/layout.md, "Architecture").
+below the front ends, and dependencies that flow one way between packages (docs/layout.md, "Architecture"); no
+module over 400 lines and no function over 10 parameters (hfspec and gui), each exception named with its reason.
 
 The graph is read from the source with `ast`, so an import inside a function counts as much as one at the top.
 `from hfspec.pkg import name` is an edge to the submodule `hfspec.pkg.name` when that is a module, otherwise to
@@ -194,3 +195,68 @@ def test_hfspec_modules_are_imported_at_module_level():
     hidden = [f"{name}:{line} imports {target}" for name, path in MODULES.items()
               for target, line, at_top in _imports(name, path) if target.split(".")[0] == "hfspec" and not at_top]
     assert not hidden, "\n".join(hidden)
+
+
+# ---------------------------------------------------------------------------------------------------- size
+FRONT_ENDS = ROOT / "gui"
+MAX_LINES = 400
+# module -> why it may be longer, for now
+LONG_MODULES = {
+    "hfspec/decoding/trees.py": "being reworked on branch proto",
+}
+MAX_PARAMETERS = 10
+# function -> why it may take more: the public entry points mirror `generate`'s keywords
+MANY_PARAMETERS = {
+    "hfspec.api.speculative_generate": "the custom_generate callable: transformers passes generate's preparation "
+                                       "and the caller's keywords by name",
+    "hfspec.api.generate": "the public entry point, mirroring target.generate's keywords",
+    "hfspec.api.plain_generate": "the public entry point, mirroring target.generate's keywords",
+}
+
+
+def _sources() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py")) + sorted(FRONT_ENDS.rglob("*.py"))
+
+
+def test_no_module_over_400_lines():
+    long = {str(p.relative_to(ROOT)): n for p in _sources()
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    wrong = [f"{path}: {n} lines" for path, n in long.items() if path not in LONG_MODULES]
+    assert not wrong, f"modules over {MAX_LINES} lines (split them):\n" + "\n".join(wrong)
+    stale = [path for path in LONG_MODULES if path not in long]
+    assert not stale, f"no longer over {MAX_LINES} lines, drop the exception: {stale}"
+
+
+def _parameter_counts(source: str, module: str) -> dict[str, int]:
+    """function's dotted name -> its parameters (positional and keyword-only; not self, cls, *args, **kwargs)."""
+    out = {}
+
+    def visit(node, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}.{child.name}")
+            elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                args = child.args
+                names = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
+                out[f"{prefix}.{child.name}"] = len([n for n in names if n not in ("self", "cls")])
+                visit(child, f"{prefix}.{child.name}")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(source), module)
+    return out
+
+
+def test_no_function_over_10_parameters():
+    counts = {name: n for path in _sources() for name, n in _parameter_counts(
+        path.read_text(encoding="utf-8"), ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+    ).items()}
+    wrong = [f"{name}: {n}" for name, n in counts.items() if n > MAX_PARAMETERS and name not in MANY_PARAMETERS]
+    assert not wrong, f"functions over {MAX_PARAMETERS} parameters (group them):\n" + "\n".join(sorted(wrong))
+    stale = [name for name in MANY_PARAMETERS if counts.get(name, 0) <= MAX_PARAMETERS]
+    assert not stale, f"no longer over {MAX_PARAMETERS} parameters, drop the exception: {stale}"
+
+
+def test_the_parameter_count_skips_self_and_star_arguments():
+    source = "class A:\n    def f(self, a, /, b, *args, c, **kw):\n        def g(x): pass\n"
+    assert _parameter_counts(source, "m") == {"m.A.f": 3, "m.A.f.g": 1}

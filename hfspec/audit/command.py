@@ -40,7 +40,7 @@ from hfspec.drafts import parse_draft_spec
 from hfspec.errors import HfspecError
 from hfspec.io.loading import parse_device, parse_dtype
 from hfspec.session import RunSettings, Session
-from hfspec.validate import check_gamma, check_sampling, vocab_size
+from hfspec.validate import check_count, check_gamma, check_sampling, check_seed, vocab_size
 
 DEFAULT_PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time,",
                    "The most important thing to know about")
@@ -106,17 +106,12 @@ class AuditResult:
 
 def check_options(tokens: int, samples: int, temperature, top_k, top_p, gamma, seed) -> None:
     """HfspecError naming the field and the allowed values (before any model loads)."""
-    for name, value, low in (("tokens", tokens, 1), ("samples", samples, 100)):
-        if name == "samples" and value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise HfspecError(f"{name}: got {value!r}; allowed: an integer >= {low}")
+    check_count("tokens", tokens, 1)
+    if samples is not None:
+        check_count("samples", samples, 100)
     check_sampling(temperature, top_k, top_p)
-    if gamma == "auto" or isinstance(gamma, bool) or not isinstance(gamma, int):
-        raise HfspecError(f"gamma: got {gamma!r}; allowed: an integer 1..64 (the audit runs a fixed gamma)")
-    check_gamma(gamma)
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
-        raise HfspecError(f"seed: got {seed!r}; allowed: an integer from 0 to 2**63 - 1")
+    check_gamma(gamma, fixed="the audit runs a fixed gamma")
+    check_seed(seed, optional=False, unsigned=True, bits=63)
 
 
 @dataclass

@@ -37,6 +37,7 @@ from hfspec.decoding.costmodel import Acceptance, CostModel, CostRecord
 from hfspec.decoding.gamma import DEFAULT_C, GammaPolicy
 from hfspec.drafts.base import ModelDraft
 from hfspec.errors import bad_value
+from hfspec.validate import check_flag
 
 BINS = 10
 PRIOR = 2.0  # pseudo-counts of a confidence bin at the pooled α
@@ -161,8 +162,7 @@ def _bin(m: float) -> int:
 
 def check_early_exit(early_exit, draft) -> None:
     """A clear error for an `early_exit` that is not a bool, or a draft that cannot stop early."""
-    if not isinstance(early_exit, bool):
-        raise bad_value("early_exit", early_exit, "True or False")
+    check_flag("early_exit", early_exit)
     if early_exit and not isinstance(draft, ModelDraft):
         raise bad_value("early_exit", True, "False for this draft (only model drafts, e.g. rtn4, bnb-nf4 or a "
                         f"sibling, have a confidence to stop on; got {type(draft).__name__})")

@@ -28,12 +28,11 @@ _ASSISTED_OPTIONS = ("prompt_lookup_num_tokens", "assistant_early_exit", "use_mt
 _OUTPUT_OPTIONS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
 
 
-def check_generate_kwargs(input_ids, temperature, seed, generation_kwargs: dict) -> dict:
-    """`hfspec.generate` / `plain_generate` keywords, checked before any model runs; returns them without
-    `return_dict_in_generate` (the result is always a SpeculativeOutput)."""
+def check_generate_kwargs(input_ids, temperature, generation_kwargs: dict) -> dict:
+    """`hfspec.generate` / `plain_generate` keywords, checked before any model runs (`temperature` already checked
+    by `validate.check_temperature`); returns them without `return_dict_in_generate` (the result is always a
+    SpeculativeOutput)."""
     kwargs = dict(generation_kwargs)
-    validate.check_sampling(temperature)
-    validate.check_seed(seed)
     if kwargs.pop("return_dict_in_generate", True) is not True:
         raise bad_value("return_dict_in_generate", generation_kwargs["return_dict_in_generate"],
                         "True or left out (hfspec.generate returns a SpeculativeOutput; use .sequences)")

@@ -17,8 +17,43 @@ from hfspec.decoding.coupling import check_coupling
 from hfspec.decoding.options import check_generate_kwargs
 from hfspec.decoding.tree_shape import TreeShape
 from hfspec.kernels.cache import has_sliding_layers
+from hfspec.validate import TREE_MAX
+
+__all__ = ["Hooks", "Request", "Sampling", "Speculation", "TREE_MAX", "check_coupling_seed", "check_tree"]
 
 _DRAFT_ALLOWED = "a draft model (hfspec.make_draft(target, 'rtn4'), or a sibling)"
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """How the draft proposes: γ (or "auto"), the tree, the early exit and the coupling."""
+
+    gamma: int | str = 4
+    tree: object = 0  # 0 or 1: the chain; 2..8: sibling leaves; "auto" or a TreeShape: a token tree
+    early_exit: bool = False
+    coupling: str = "rejection"
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """hfspec.generate's sampling arguments (None: the model's generation config)."""
+
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    max_new_tokens: int | None = None
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """Callbacks of a run: `on_round` after every round, `should_stop()` polled to end it early."""
+
+    on_round: Callable | None = None
+    should_stop: Callable[[], bool] | None = None
+
+
+NO_HOOKS = Hooks()
 
 
 @dataclass(frozen=True)
@@ -44,19 +79,17 @@ class Request:
     coupling: str = "rejection"  # or "gumbel": draft-invariant sampling (`hfspec.decoding.coupling`)
 
     @classmethod
-    def for_loop(cls, target, input_ids, draft, gamma, *, plain=False, seed=None, on_round=None,
-                 should_stop=None, draft_field: str = "draft_model", early_exit: bool = False,
-                 tree: int = 0, coupling: str = "rejection") -> Request:
+    def for_loop(cls, target, input_ids, draft, how: Speculation, *, plain=False, seed=None, hooks: Hooks = NO_HOOKS,
+                 draft_field: str = "draft_model") -> Request:
         """The checks the decoding loop relies on: seed, γ, a draft that shares the target's tokens, position
         ids for batches, and a coupling the other options keep (the seed it needs is checked once the loop knows
         whether it samples: `check_coupling_seed`)."""
         validate.check_seed(seed)
-        check_coupling(coupling)
-        if not isinstance(early_exit, bool):
-            raise validate.bad_value("early_exit", early_exit, "True or False")
+        check_coupling(how.coupling)
+        validate.check_flag("early_exit", how.early_exit)
         vocab = None
         if not plain:
-            validate.check_gamma(gamma)
+            validate.check_gamma(how.gamma)
             if draft is None:
                 raise validate.bad_value(draft_field, None, _DRAFT_ALLOWED)
             vocab = validate.check_pair(target, draft)
@@ -64,42 +97,33 @@ class Request:
             draft = None
         if input_ids.shape[0] > 1 and not validate.accepts_positions(target, draft):
             raise validate.bad_value("input_ids", tuple(input_ids.shape), "batch size 1 for models without position_ids")
-        check_tree(tree, plain, input_ids, target)
-        if coupling == "gumbel" and _is_tree(tree):
-            raise validate.bad_value("tree", tree, '0 or 1 with coupling="gumbel" (tree speculation keeps the law by '
-                                     "recursive rejection, not the draft-invariant text)")
-        return cls(target, draft, gamma, plain, seed, on_round, should_stop, vocab, early_exit=early_exit and not plain,
-                   tree=tree, coupling=coupling)
+        check_tree(how.tree, plain, input_ids, target)
+        validate.check_tree_coupling(how.tree, how.coupling)
+        return cls(target, draft, how.gamma, plain, seed, hooks.on_round, hooks.should_stop, vocab,
+                   early_exit=how.early_exit and not plain, tree=how.tree, coupling=how.coupling)
 
     @classmethod
-    def for_generate(cls, target, input_ids, draft, gamma, *, plain: bool, temperature=None, top_k=None, top_p=None,
-                     max_new_tokens=None, seed=None, attention_mask=None, on_round=None, should_stop=None,
-                     generation_kwargs: dict | None = None, early_exit: bool = False, tree: int = 0,
-                     coupling: str = "rejection") -> Request:
+    def for_generate(cls, target, input_ids, draft, how: Speculation, *, plain: bool, sampling: Sampling,
+                     attention_mask=None, hooks: Hooks = NO_HOOKS, generation_kwargs: dict | None = None) -> Request:
         """`hfspec.generate` / `plain_generate`'s arguments, checked before any model runs."""
-        kwargs = check_generate_kwargs(input_ids, temperature, seed, generation_kwargs or {})
-        tree = kwargs.pop("tree", tree)  # from plain_generate's **generation_kwargs: checked, never passed on
-        if not plain:
-            validate.check_gamma(gamma)
-        validate.check_sampling(temperature, top_k, top_p, kwargs.get("min_p"), max_new_tokens)
+        s = sampling
+        validate.check_sampling(s.temperature, s.top_k, s.top_p, (generation_kwargs or {}).get("min_p"),
+                                s.max_new_tokens)
+        kwargs = check_generate_kwargs(input_ids, s.temperature, generation_kwargs or {})
+        how = replace(how, tree=kwargs.pop("tree", how.tree))  # from plain_generate's **generation_kwargs: never passed on
         validate.check_input_ids(input_ids, attention_mask)
         request = replace(
-            cls.for_loop(target, input_ids, draft, gamma, plain=plain, seed=seed, on_round=on_round,
-                         should_stop=should_stop, draft_field="draft", early_exit=early_exit, tree=tree,
-                         coupling=coupling),
-            input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
-            generate_kwargs=_sampling_kwargs(kwargs, temperature, top_k, top_p, max_new_tokens))
-        check_coupling_seed(coupling, seed, bool(temperature))  # temperature None: checked by the loop
-        validate.check_length(target, input_ids.shape[1], max_new_tokens)
+            cls.for_loop(target, input_ids, draft, how, plain=plain, seed=s.seed, hooks=hooks, draft_field="draft"),
+            input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=s.max_new_tokens,
+            generate_kwargs=_sampling_kwargs(kwargs, s.temperature, s.top_k, s.top_p, s.max_new_tokens))
+        check_coupling_seed(how.coupling, s.seed, bool(s.temperature))  # temperature None: checked by the loop
+        validate.check_length(target, input_ids.shape[1], s.max_new_tokens)
         return request
 
     @property
     def shown_gamma(self) -> int | str:
         """γ as statistics report it (0 for plain decoding)."""
         return 0 if self.plain else self.gamma
-
-
-TREE_MAX = 8
 
 
 def check_coupling_seed(coupling: str, seed, do_sample: bool) -> None:
@@ -109,21 +133,11 @@ def check_coupling_seed(coupling: str, seed, do_sample: bool) -> None:
                                  "the batch row and the position; the seed alone fixes the text)")
 
 
-def _is_tree(tree) -> bool:
-    """True for a tree setting that is not the plain chain (2..8 siblings, "auto" or a TreeShape)."""
-    return not (isinstance(tree, int) and not isinstance(tree, bool) and tree <= 1)
-
-
-TREE_ALLOWED = f"an integer from 0 to {TREE_MAX} (0 or 1: no tree), \"auto\" or an hfspec.TreeShape"
-
-
 def check_tree(tree, plain: bool, input_ids: torch.Tensor, target=None) -> None:
     """`tree`: 0 or 1 (the plain chain), 2..TREE_MAX candidates per unsure position, "auto" or a
     `hfspec.decoding.tree_shape.TreeShape` (a token tree); any tree runs batch size 1 on a full-attention target."""
-    dynamic = tree == "auto" if isinstance(tree, str) else isinstance(tree, TreeShape)
-    if not dynamic and (isinstance(tree, bool) or not isinstance(tree, int) or not 0 <= tree <= TREE_MAX):
-        raise validate.bad_value("tree", tree, TREE_ALLOWED)
-    if not dynamic and tree <= 1:
+    validate.check_tree(tree, (TreeShape,))
+    if not validate.is_tree(tree):
         return
     if plain:
         raise validate.bad_value("tree", tree, "0 or 1 for plain decoding (a tree needs a draft)")

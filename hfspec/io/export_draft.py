@@ -57,6 +57,7 @@ __all__ = [  # the packing names (`hfspec.io.pack_quantized`) stay importable fr
 ]
 
 DEFAULT_GAMMA = 4
+FIXED_GAMMA = "engines take a fixed γ"  # why export-draft refuses gamma "auto"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
                     "vocab.json", "merges.txt", "chat_template.jinja", "added_tokens.json")
 
@@ -169,9 +170,7 @@ def export_draft(target: nn.Module, spec, out, *, tokenizer=None, gamma: int | N
     parsed = check_exportable(spec)
     need_export_extra()
     if gamma is not None:
-        validate.check_gamma(gamma)
-        if gamma == "auto":
-            raise validate.bad_value("gamma", gamma, f"an integer from 1 to {validate.GAMMA_MAX} (engines take a fixed γ)")
+        validate.check_gamma(gamma, fixed=FIXED_GAMMA)
     folder = check_out_folder(out, overwrite)
     bits, group = parsed.bits, parsed.group_size
     linears, dense = _layers(target, group)
@@ -340,7 +339,7 @@ def export_draft_cli(target: str, spec: str, out, *, gamma: int | None = None, d
     check_exportable(spec)
     need_export_extra()
     if gamma is not None:
-        validate.check_gamma(gamma)
+        validate.check_gamma(gamma, fixed=FIXED_GAMMA)
     check_out_folder(out, overwrite)
     model = load_model(target, dtype=dtype, progress=say, role="target")
     try:

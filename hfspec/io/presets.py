@@ -6,8 +6,8 @@
     p = load_preset("micro-rtn4")        # a name, or the path of a .toml file
     target, draft, tokenizer = p.build()
 
-This module finds and reads preset files and validates their values; `hfspec.settings` turns them into a `Preset`
-(a named `RunSettings`).
+This module finds and reads preset files, checks their keys and resolves their folders; `hfspec.settings` turns
+them into a `Preset` (`RunSettings` from a file, whose fields `RunSettings.validated` checks as every run's are).
 
 A preset file is a flat TOML table::
 
@@ -43,7 +43,6 @@ from typing import Any
 from hfspec.drafts import registry
 from hfspec.errors import HfspecError
 from hfspec.io.loading.sources import check_name_lengths
-from hfspec.validate import GAMMA_MAX
 
 try:  # Python >= 3.11
     import tomllib as _toml
@@ -58,6 +57,7 @@ __all__ = [
     "list_presets",
     "preset_values",
     "read_preset",
+    "resolve_sources",
     "registered_kind",
     "preset_path",
     "presets_dir",
@@ -66,26 +66,28 @@ __all__ = [
 DEFAULT_PRESET = "micro-rtn4"
 ENV_VAR = "HFSPEC_PRESETS"
 
-# key -> (python types accepted, default; REQUIRED when it must be present)
+# key -> its default; REQUIRED when it must be present. The run's fields are RunSettings' (`RUN_KEYS`).
 REQUIRED = object()
-_FIELDS: dict[str, tuple[tuple[type, ...], Any]] = {
-    "description": ((str,), ""),
-    "target": ((str,), REQUIRED),
-    "draft": ((str,), REQUIRED),
-    "gamma": ((int, str), 4),
-    "temperature": ((int, float), 1.0),
-    "top_k": ((int,), 0),
-    "top_p": ((int, float), 1.0),
-    "max_new_tokens": ((int,), 64),
-    "seed": ((int,), 1),
-    "prompt": ((str,), REQUIRED),
-    "chat": ((bool,), False),
-    "ignore_eos": ((bool,), False),
-    "tree": ((int, str), 0),
-    "coupling": ((str,), "rejection"),
-    "needs_download": ((bool,), REQUIRED),
+_FIELDS: dict[str, Any] = {
+    "description": "",
+    "target": REQUIRED,
+    "draft": REQUIRED,
+    "gamma": 4,
+    "temperature": 1.0,
+    "top_k": 0,
+    "top_p": 1.0,
+    "max_new_tokens": 64,
+    "seed": 1,
+    "prompt": REQUIRED,
+    "chat": False,
+    "ignore_eos": False,
+    "tree": 0,
+    "coupling": "rejection",
+    "needs_download": REQUIRED,
 }
+_FILE_TYPES = {"description": str, "needs_download": bool}  # the keys that are the file's, not the run's
 ALLOWED_KEYS = tuple(_FIELDS)
+RUN_KEYS = tuple(k for k in _FIELDS if k not in _FILE_TYPES)
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
@@ -173,54 +175,43 @@ def read_preset(name_or_path) -> tuple[dict, Path]:
     return _read_toml(path), path
 
 
-def preset_values(data: dict, *, name: str = "custom", base: Path | None = None) -> dict[str, Any]:
-    """A preset given as a dict, validated: its values by key, relative folders resolved against ``base`` (default:
-    cwd). `hfspec.settings.preset_from_dict` makes a `Preset` of them."""
+def preset_values(data: dict, *, name: str = "custom") -> dict[str, Any]:
+    """A preset given as a dict, its keys checked: every key known, the required ones present, the others filled
+    with their defaults, and the file's own keys (description, needs_download) of their type. The run's fields
+    (`RUN_KEYS`) are checked by `hfspec.settings.RunSettings.validated`, as every run's are; `resolve_sources`
+    then resolves the folders."""
     where = f"preset {name}"
-    base = Path(base) if base is not None else Path.cwd()
     unknown = sorted(set(data) - set(_FIELDS))
     if unknown:
         raise HfspecError(f"{where}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
                           f"allowed keys: {', '.join(ALLOWED_KEYS)}")
     values: dict[str, Any] = {}
-    for key, (types, default) in _FIELDS.items():
+    for key, default in _FIELDS.items():
         if key not in data:
             if default is REQUIRED:
                 raise HfspecError(f"{where}: missing required key {key!r} "
-                                  f"(required: {', '.join(k for k, v in _FIELDS.items() if v[1] is REQUIRED)})")
+                                  f"(required: {', '.join(k for k, v in _FIELDS.items() if v is REQUIRED)})")
             values[key] = default
             continue
-        value = data[key]
-        if isinstance(value, bool) and bool not in types or not isinstance(value, types):
-            raise HfspecError(f"{where}: {key} = {value!r} has type {type(value).__name__}; allowed: "
-                              f"{' or '.join(t.__name__ for t in types)}")
-        values[key] = value
-    _check_values(where, values)
-    values["target"] = _resolve_model(where, "target", values["target"], base, values["needs_download"])
-    values["draft"] = _resolve_draft(where, values["draft"], base, values["needs_download"])
-    if not values["needs_download"] and not Path(values["target"]).is_dir():
-        raise HfspecError(f"{where}: needs_download = false but target {values['target']!r} is not a local "
-                          "folder; allowed: needs_download = true for hub models")
+        values[key] = data[key]
+    for key, kind in _FILE_TYPES.items():
+        value = values[key]
+        if isinstance(value, bool) is not (kind is bool) or not isinstance(value, kind):
+            raise HfspecError(f"{where}: {key} = {value!r} has type {type(value).__name__}; allowed: {kind.__name__}")
     return values
 
 
-def _check_values(where: str, v: dict) -> None:
-    gamma = v["gamma"]
-    if isinstance(gamma, str) and gamma != "auto" or isinstance(gamma, int) and not 1 <= gamma <= GAMMA_MAX:
-        raise HfspecError(f"{where}: gamma = {gamma!r}; allowed: an integer from 1 to {GAMMA_MAX}, or \"auto\"")
-    if v["temperature"] < 0:
-        raise HfspecError(f"{where}: temperature = {v['temperature']!r}; allowed: a number >= 0 (0 means greedy)")
-    if v["top_k"] < 0:
-        raise HfspecError(f"{where}: top_k = {v['top_k']!r}; allowed: an integer >= 0 (0 turns it off)")
-    if not 0 < v["top_p"] <= 1:
-        raise HfspecError(f"{where}: top_p = {v['top_p']!r}; allowed: a number in (0, 1] (1 turns it off)")
-    if v["max_new_tokens"] < 1:
-        raise HfspecError(f"{where}: max_new_tokens = {v['max_new_tokens']!r}; allowed: an integer >= 1")
-    if v["seed"] < 0:
-        raise HfspecError(f"{where}: seed = {v['seed']!r}; allowed: an integer >= 0")
-    for key in ("target", "draft", "prompt"):
-        if not v[key].strip():
-            raise HfspecError(f"{where}: {key} is empty; allowed: a non-empty string")
+def resolve_sources(values: dict, *, name: str = "custom", base: Path | None = None) -> dict[str, str]:
+    """A checked preset's target and draft, resolved: local folders (relative to ``base``, default cwd) as
+    absolute paths, hub ids (with needs_download = true) and draft specs as written."""
+    where = f"preset {name}"
+    base = Path(base) if base is not None else Path.cwd()
+    target = _resolve_model(where, "target", values["target"], base, values["needs_download"])
+    draft = _resolve_draft(where, values["draft"], base, values["needs_download"])
+    if not values["needs_download"] and not Path(target).is_dir():
+        raise HfspecError(f"{where}: needs_download = false but target {target!r} is not a local "
+                          "folder; allowed: needs_download = true for hub models")
+    return {"target": target, "draft": draft}
 
 
 def _is_pathish(text: str) -> bool:

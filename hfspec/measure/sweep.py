@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 
@@ -31,7 +32,10 @@ from hfspec.drafts.fidelity import fidelity
 from hfspec.errors import HfspecError
 from hfspec.measure.plausible import has_prediction, speedup_bound
 from hfspec.measure.ruler import ROUGH_BELOW, Measurement, measure_speedup
-from hfspec.validate import GAMMA_MAX
+from hfspec.validate import check_count, check_gammas
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 FIELDS = [
     "draft", "gamma", "repeats", "alpha", "alpha_sd", "checked", "accepted", "target_passes", "new_tokens",
@@ -126,9 +130,7 @@ def parse_gammas(text: str) -> list[int | str]:
                 values.append(int(part))
         except ValueError:
             raise HfspecError(f"gammas: got {text!r}; allowed: ranges and lists like 1-8 or 1,2,4,auto") from None
-    for g in values:
-        if g != "auto" and not 1 <= g <= GAMMA_MAX:
-            raise HfspecError(f"gammas: {g} is out of range; allowed: 1..{GAMMA_MAX} or auto")
+    check_gammas(values)
     return values
 
 
@@ -149,29 +151,40 @@ def draft_fidelity(target, draft, input_ids) -> float | None:
         return None
 
 
-def measure_point(target, draft, label: str, gamma, input_ids, sampling: dict, seed: int, repeats: int,
-                  greedy_reference: torch.Tensor | None = None, should_stop: Stop = None,
-                  warmup: int = 0, options: dict | None = None) -> SweepRow | None:
-    """`repeats` (speculative run, plain run) pairs at one γ (`measure_speedup`: outliers re-measured, up to
-    `repeats` more pairs), after `warmup` uncounted pairs; None when stopped. With `greedy_reference` (the
-    target's own greedy output) a temperature-0 run checks token identity. `options` (`speculative_options`:
-    tree, early exit) go to the speculative runs only, as `hfspec run` gives them."""
+@dataclass(frozen=True)
+class Plan:
+    """What every point of a sweep shares: the prompt, the sampling keywords, the first seed, the pairs per point,
+    the speculative runs' own options (`speculative_options`: tree, early exit, as `hfspec run` gives them), the
+    target's own greedy output when a temperature-0 run checks token identity, and the stop check."""
+
+    input_ids: torch.Tensor
+    sampling: dict
+    seed: int = 1
+    repeats: int = 1
+    options: dict = field(default_factory=dict)
+    greedy_reference: torch.Tensor | None = None
+    should_stop: Stop = None
+
+
+def measure_point(target, draft, label: str, gamma, plan: Plan, warmup: int = 0) -> SweepRow | None:
+    """`plan.repeats` (speculative run, plain run) pairs at one γ (`measure_speedup`: outliers re-measured, up to
+    `repeats` more pairs), after `warmup` uncounted pairs; None when stopped."""
+    ids, sampling, seed, stop = plan.input_ids, plan.sampling, plan.seed, plan.should_stop
     n = sampling["max_new_tokens"]
-    fixed = dict(sampling, min_new_tokens=n, **(options or {}))
+    fixed = dict(sampling, min_new_tokens=n, **plan.options)
 
     def speculative(r: int) -> SpecStats:
-        return generate(target, input_ids, draft=draft, gamma=gamma, seed=seed + r, should_stop=should_stop,
-                               **fixed).stats
+        return generate(target, ids, draft=draft, gamma=gamma, seed=seed + r, should_stop=stop, **fixed).stats
 
-    measured = measure_speedup(speculative, lambda r: plain_run(target, input_ids, n, sampling, seed + r, should_stop),
-                               pairs=repeats, warmup=warmup)
-    if measured is None or (should_stop is not None and should_stop()):
+    measured = measure_speedup(speculative, lambda r: plain_run(target, ids, n, sampling, seed + r, stop),
+                               pairs=plan.repeats, warmup=warmup)
+    if measured is None or (stop is not None and stop()):
         return None
     identical = None
-    if greedy_reference is not None:
+    if plan.greedy_reference is not None:
         greedy = dict(fixed, temperature=0, top_k=None, top_p=None)
-        out = generate(target, input_ids, draft=draft, gamma=gamma, should_stop=should_stop, **greedy)
-        identical = int(torch.equal(out.sequences, greedy_reference))
+        out = generate(target, ids, draft=draft, gamma=gamma, should_stop=stop, **greedy)
+        identical = int(torch.equal(out.sequences, plan.greedy_reference))
     return _row(label, gamma, measured, identical)
 
 
@@ -220,23 +233,32 @@ def _sd(values: list[float]) -> float | None:
     return statistics.stdev(values) if len(values) > 1 else None
 
 
-def sweep(target, drafts: dict, gammas: list, input_ids, sampling: dict, seed: int = 1, repeats: int = 1,
-          check_greedy: bool = True, on_row: Callable[[SweepRow], None] | None = None, should_stop: Stop = None,
-          on_start: Callable[[int, int, str, object], None] | None = None,
-          options: dict | None = None) -> list[SweepRow]:
-    """Every draft (label -> draft) at every γ; `sampling`: temperature, top_k, top_p, max_new_tokens.
+class SweepHooks(TypedDict, total=False):
+    """The callbacks of `sweep`, each optional: `on_start(index, total, label, gamma)` before each point (index
+    from 1), `on_row(row)` after it, `should_stop()` polled; when it turns true the points finished so far are
+    returned."""
 
-    `on_start(index, total, label, gamma)` is called before each point (index from 1), `on_row` after it.
-    When `should_stop()` turns true the points finished so far are returned.
-    """
-    if repeats < 1:
-        raise HfspecError(f"repeats: got {repeats!r}; allowed: an integer >= 1")
+    on_start: Callable[[int, int, str, object], None] | None
+    on_row: Callable[[SweepRow], None] | None
+    should_stop: Stop
+
+
+def sweep(target, drafts: dict, gammas: list, input_ids, sampling: dict, seed: int = 1, repeats: int = 1,
+          check_greedy: bool = True, options: dict | None = None, **hooks: Unpack[SweepHooks]) -> list[SweepRow]:
+    """Every draft (label -> draft) at every γ; `sampling`: temperature, top_k, top_p, max_new_tokens; `options`:
+    the speculative runs' own (`speculative_options`); `hooks`: `SweepHooks`."""
+    unknown = set(hooks) - set(SweepHooks.__annotations__)
+    if unknown:
+        raise TypeError(f"sweep() got unexpected keyword arguments {sorted(unknown)}")
+    check_count("repeats", repeats, 1)
+    on_start, on_row, should_stop = hooks.get("on_start"), hooks.get("on_row"), hooks.get("should_stop")
     sampling = {k: v for k, v in sampling.items() if k not in ("seed", "min_new_tokens")}
     reference = None
     if check_greedy:
         n = sampling["max_new_tokens"]
         reference = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
                                     max_new_tokens=n, min_new_tokens=n)
+    plan = Plan(input_ids, sampling, seed, repeats, options or {}, reference, should_stop)
     rows, total, index = [], len(drafts) * len(gammas), 0
     for label, draft in drafts.items():
         fidelity = draft_fidelity(target, draft, input_ids)
@@ -246,9 +268,7 @@ def sweep(target, drafts: dict, gammas: list, input_ids, sampling: dict, seed: i
                 return rows
             if on_start is not None:
                 on_start(index, total, label, gamma)
-            row = measure_point(target, draft, label, gamma, input_ids, sampling, seed, repeats, reference,
-                                should_stop, warmup=1 if k == 0 else 0,  # a draft's first pair warms it up
-                                options=options)
+            row = measure_point(target, draft, label, gamma, plan, warmup=1 if k == 0 else 0)  # a draft's first pair warms it up
             if row is None:
                 return rows
             row.fidelity = fidelity
