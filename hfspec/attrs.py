@@ -5,8 +5,7 @@
 
 The values live in one dict per object, `obj.__dict__["_hfspec"]`, never as attributes of their own: they do not
 shadow a module's attributes, and they travel with the object where its `__dict__` does (`copy.deepcopy`,
-pickling, `torch.save` of the module). `SHARED_VOCAB` is also written as the plain attribute
-`hfspec_shared_vocab` while `hfspec.validate` still reads it by that name (`_PLAIN`).
+pickling, `torch.save` of the module).
 
 Hooks that hfspec's own classes define as methods are named here too (`DRAFT_HOOK`, `NEW_CACHE_HOOK`); `hook`
 finds them.
@@ -33,7 +32,7 @@ NAMES = (DRAFT_SPEC, STEP_PATH, CALIBRATION, FIDELITY, LAYER_PATH, SHARED_VOCAB,
 DRAFT_HOOK = "hfspec_draft"  # method of a draft model with a `Draft` of its own: hfspec_draft(vocab) -> Draft
 NEW_CACHE_HOOK = "hfspec_new_cache"  # method of a model with a cache of its own: hfspec_new_cache() -> cache
 
-_PLAIN = {SHARED_VOCAB: "hfspec_shared_vocab"}  # also written as this attribute, for a reader not yet moved here
+_PLAIN: dict[str, str] = {}  # names also written as a plain attribute, for a reader not yet moved here (none)
 
 
 def _check(name: str) -> None:

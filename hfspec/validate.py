@@ -8,6 +8,7 @@ import numbers
 
 import torch
 
+from hfspec import attrs
 from hfspec.errors import HfspecError, bad_value
 from hfspec.kernels.cache import accepts
 
@@ -160,19 +161,19 @@ def vocab_size(model) -> int:
 def check_pair(target, draft) -> int | None:
     """Draft and target must share token ids. Returns the draft's usable vocabulary width (None: all of it).
 
-    A draft from `make_draft` carries `hfspec_shared_vocab` after its tokenizer check; then extra padded rows
+    A draft from `make_draft` carries its shared vocabulary (`hfspec.attrs.SHARED_VOCAB`) after its tokenizer check; then extra padded rows
     on either side are fine (draft rows beyond it are masked, target rows beyond the draft get q = 0).
     """
     if draft is None:
         return None
     if draft is target:
         raise HfspecError("draft: the draft is the target itself; pass a quantised copy (make_draft) or a sibling")
-    shared = getattr(draft, "hfspec_shared_vocab", None)
+    shared = attrs.get_attr(draft, attrs.SHARED_VOCAB)
     v_target, v_draft = vocab_size(target), vocab_size(draft)
     if shared is not None:
         if not 0 < int(shared) <= min(v_target, v_draft):
             raise HfspecError(
-                f"draft: hfspec_shared_vocab {shared} does not fit the target's {v_target} and the draft's "
+                f"draft: its shared vocabulary {shared} does not fit the target's {v_target} and the draft's "
                 f"{v_draft} vocabulary rows; allowed: a draft checked against this target (hfspec.make_draft)"
             )
         return int(shared)

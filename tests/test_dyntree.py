@@ -21,13 +21,12 @@ from hfspec.decoding.loop import DecodeJob, Run, commit, decode, settle
 from hfspec.decoding.sampling import children_chances, residual
 from hfspec.decoding.scoring import Scorer
 from hfspec.decoding.stopping import Stopper
+from hfspec.decoding.tree_forward import feed_token_tree, keep_cached
 from hfspec.decoding.trees import (
     AutoShape,
     DynamicTree,
     TreeShape,
     dynamic_round,
-    feed_token_tree,
-    keep_cached,
 )
 from hfspec.drafts.base import as_draft
 from hfspec.errors import HfspecError

@@ -144,10 +144,7 @@ def _own_sources():
 
 HOOKS = {attrs.DRAFT_HOOK, attrs.NEW_CACHE_HOOK}  # methods hfspec's own classes define, not patched attributes
 # (file, name): reads not yet moved to `hfspec.attrs`, each with its reason
-READS_ALLOWED = {
-    ("hfspec/validate.py", "hfspec_shared_vocab"): "validate.py is being split on another branch; set_attr still "
-                                                   "writes this plain attribute for it (attrs._PLAIN)",
-}
+READS_ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def test_no_hfspec_attribute_is_patched_onto_an_object():
