@@ -29,8 +29,9 @@ LABELS = {"smollm2": "SmolLM2-135M as shipped (4-bit-exact for rtn4: a best case
 
 def main() -> None:
     p = common.parser(__doc__.splitlines()[0])
-    p.set_defaults(models="micro,smollm2-offgrid", repeats=3)
-    p.add_argument("--runs", default="rtn4-compiled:4,gptq4-compiled:4,gptq4-compiled:auto,gptq4-compiled:auto:auto",
+    p.set_defaults(models="micro,smollm2-offgrid", repeats=5)
+    p.add_argument("--runs", default="rtn4-compiled:4,gptq4-compiled:4,gptq4-compiled:5,gptq4-compiled:auto,"
+                   "gptq4-compiled:auto:auto,int8:4,int8:auto,int8:auto:auto",
                    help="draft:gamma or draft:gamma:tree (tree auto: a token tree), comma-separated")
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--temperatures", default="0,1")

@@ -1,5 +1,5 @@
 """What a wider target pass costs: one forward over w positions on a warm cache, against a one-token step, per
-dtype. This is the slope token trees pay per verify position (`hfspec.decoding.costmodel.VERIFY_SLOPE_PRIOR` holds the
+dtype. This is the slope token trees pay per verify position (`hfspec.decoding.priors.VERIFY_SLOPE_PRIOR` holds the
 seeded runs' prior from it) and the reason a chain's verify pass decides fp32's speed-up on a CPU.
 
     python benchmarks/bench_verify_width.py --models smollm2-offgrid --dtypes float32,bfloat16 --widths 1,2,5,8,16,24,32

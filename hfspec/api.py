@@ -13,12 +13,12 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from hfspec import validate
 from hfspec.decoding.chain import Chain
-from hfspec.decoding.costmodel import draft_step_prior, prior_model
 from hfspec.decoding.coupling import GumbelNoise
 from hfspec.decoding.early_exit import check_early_exit, with_early_exit
 from hfspec.decoding.gamma import AdaptiveGamma, FixedGamma, GammaPolicy
 from hfspec.decoding.loop import DecodeJob, decode
 from hfspec.decoding.options import check_speculative_options, given_to_generate
+from hfspec.decoding.priors import draft_step_prior, prior_model
 from hfspec.decoding.request import Hooks, Request, Sampling, Speculation, check_coupling_seed
 from hfspec.decoding.scoring import Scorer
 from hfspec.decoding.siblings import Tree

@@ -23,3 +23,4 @@ def shared_model(name: str) -> Path:
     if not path.exists():
         pytest.skip(f"{path} not present (../shared is only on development machines)")
     return path
+

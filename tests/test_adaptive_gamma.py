@@ -184,9 +184,8 @@ def test_seeded_prior_prices_the_verify_pass_by_dtype():
     (`VERIFY_CURVE_PRIOR`): fp32's sgemm is dearest at 2–3 rows, so γ "auto" must not stop at γ 1–2 there; a
     straight line through the same end points would (the negative control). bf16's flat curve leaves the choice to
     α and c. The draft step's prior is the bytes ratio in fp32 and less than it in bf16."""
-    from hfspec.decoding.costmodel import (
+    from hfspec.decoding.priors import (
         VERIFY_CURVE_PRIOR,
-        CostModel,
         draft_step_prior,
         prior_model,
         verify_prior,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hfspec.decoding.costmodel import verify_slope_prior
+from hfspec.decoding.priors import verify_slope_prior
 from hfspec.validate import bad_value
 
 NODES_MAX, DEPTH_MAX, BRANCH_MAX, WIDTH_MAX = 64, 12, 8, 16

@@ -1,0 +1,88 @@
+"""Costs fixed before decoding: what a seeded run decides with, since its text must not depend on this run's
+clock (`hfspec.decoding.gamma`, `hfspec.decoding.tree_shape`, the early exit). Each prior is a measurement taken
+on a quiet machine and written here with its source; `prior_model` puts them into a `CostModel`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hfspec.decoding.costmodel import CostModel
+
+# A verify pass's marginal cost per position, in one-token target passes, before a run has timed any: what a
+# seeded run decides with (its text must not depend on this run's clock). "chain": over the 2–8 positions of a
+# chain's verify pass; "tree": over the 8–32 of a token tree's. On a 2-core AVX-512 CPU with SmolLM2-135M
+# (benchmarks/bench_verify_width.py, quiet, 2 December 2026): fp32's multi-row sgemm costs 1.5× a step at 5
+# positions (0.125 per position), 1.85× at 16 and 2.4× at 32 (≈ 0.05 per position); bf16 (oneDNN) 1.08× at 5,
+# 1.32× at 16, 1.63× at 32 (≈ 0.02 per position). Off the CPU: a small slope.
+VERIFY_SLOPE_PRIOR = {("cpu", "float32"): {"chain": 0.125, "tree": 0.05},
+                      ("cpu", "bfloat16"): {"chain": 0.02, "tree": 0.02},
+                      ("cpu", "float16"): {"chain": 0.02, "tree": 0.02},
+                      ("other", ""): {"chain": 0.005, "tree": 0.005}}
+
+
+def verify_slope_prior(device: str, dtype: str, shape: str = "chain") -> float:
+    """`VERIFY_SLOPE_PRIOR` for a device type and target dtype ("chain" or "tree"): a CPU dtype not listed takes
+    fp32's, any other device the accelerator row."""
+    row = (VERIFY_SLOPE_PRIOR[("other", "")] if device != "cpu"
+           else VERIFY_SLOPE_PRIOR.get((device, dtype), VERIFY_SLOPE_PRIOR[("cpu", "float32")]))
+    return row[shape]
+
+
+# A draft step's time over its bytes ratio (c time / c bytes), by device and target dtype, before a run has timed
+# any (benchmarks/bench_int8.py measures both). SmolLM2-135M, quiet, 2 December 2026: fp32 gptq4-compiled c 0.156
+# at bytes 0.156, int8 0.243 at 0.25; bf16 0.267 at 0.312, int8 0.429 at 0.50 (the bf16 target's GEMV reads its
+# bytes a little faster than the draft's int4 / int8 kernels).
+DRAFT_STEP_PRIOR = {("cpu", "float32"): 1.0, ("cpu", "bfloat16"): 0.85, ("cpu", "float16"): 0.85, ("other", ""): 1.0}
+
+
+def draft_step_prior(c_bytes: float, device: str = "cpu", dtype: str = "float32") -> float:
+    """c, a draft step in target steps, fixed before decoding: the bytes ratio × `DRAFT_STEP_PRIOR` (a CPU dtype
+    not listed takes fp32's factor, any other device 1)."""
+    factor = (DRAFT_STEP_PRIOR[("other", "")] if device != "cpu"
+              else DRAFT_STEP_PRIOR.get((device, dtype), DRAFT_STEP_PRIOR[("cpu", "float32")]))
+    return c_bytes * factor
+
+
+# A verify pass over n positions, in one-token target passes, before a run has timed any: (n, t(n)) points,
+# linear between them and past the last. Measured on the 2-core AMD EPYC VM with SmolLM2-135M (quiet,
+# benchmarks/bench_verify_width.py, 2 December 2026): fp32's sgemm is dearest at 2–3 rows (MKL's small-M path) and
+# cheaper again from 5, which a straight line through the points would miss (it would pick γ 1–2 where γ 4–5 is
+# fastest); bf16 grows slowly. Other devices and dtypes: the line of `verify_slope_prior`.
+VERIFY_CURVE_PRIOR = {
+    ("cpu", "float32"): ((1, 1.0), (2, 1.74), (3, 2.2), (5, 1.5), (8, 1.54), (12, 1.72), (16, 1.85), (24, 2.15),
+                         (32, 2.43)),
+    ("cpu", "bfloat16"): ((1, 1.0), (2, 1.06), (3, 1.09), (5, 1.08), (8, 1.19), (12, 1.23), (16, 1.32), (24, 1.44),
+                          (32, 1.63)),
+}
+
+
+def verify_prior(n: int, device: str = "cpu", dtype: str = "float32") -> float:
+    """t(n) / t(1) before a run has timed any (`VERIFY_CURVE_PRIOR`, else 1 + slope · (n − 1))."""
+    points = VERIFY_CURVE_PRIOR.get((device, dtype)) if device == "cpu" else None
+    if not points:
+        return 1.0 + verify_slope_prior(device, dtype, "chain") * (n - 1)
+    for (n0, t0), (n1, t1) in zip(points, points[1:], strict=False):
+        if n <= n1 or (n1, t1) == points[-1]:
+            return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
+    return points[-1][1]
+
+
+@dataclass
+class PriorModel(CostModel):
+    """`CostModel` whose verify pass follows `verify_prior` for a device and dtype instead of a line."""
+
+    device: str = "cpu"
+    dtype: str = "float32"
+
+    def verify(self, n: int) -> float:
+        return verify_prior(n, self.device, self.dtype) * self.step
+
+
+def prior_model(c: float, device: str = "cpu", dtype: str = "float32") -> CostModel:
+    """A cost model fixed before decoding, in units of one target step: a draft step costs c (`draft_step_prior`),
+    the verify pass t(n) = `verify_prior(n)`, nothing outside forwards. What γ "auto" decides with in a seeded run
+    (`hfspec.decoding.gamma.AdaptiveGamma(profile=…)`)."""
+    s = verify_slope_prior(device, dtype, "chain")
+    return PriorModel(step=1.0, verify_a=1.0 - s, verify_b=s, draft_a=0.0, draft_b=max(0.0, c), draft_zero=0.0,
+                      other_a=0.0, other_b=0.0, plain_other=0.0, source="prior fixed before decoding",
+                      device=device, dtype=dtype)
