@@ -16,7 +16,7 @@ import torch
 from tiny_models import build, perturbed
 
 import hfspec
-import hfspec.decoding.loop as decoding
+import hfspec.decoding.chain as decoding  # the chain verifier: where the greedy rule is looked up
 from hfspec.api import speculative_generate
 from hfspec.cli import _coupling, build_parser
 from hfspec.decoding.coupling import GumbelNoise, gumbel_noise

@@ -182,7 +182,7 @@ def test_bytes_are_a_byte_a_weight_plus_a_scale_a_row():
 
 @pytest.mark.slow
 def test_compiled_int8_step_computes_the_eager_step(tmp_path, monkeypatch):
-    from hfspec.drafts import compiled
+    from hfspec.kernels import compiled
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setattr(compiled, "COMPILE_DIR", tmp_path)  # inductor's artefacts never in the user's ~/.cache
