@@ -20,12 +20,17 @@ VERIFY_SLOPE_PRIOR = {("cpu", "float32"): {"chain": 0.125, "tree": 0.05},
                       ("other", ""): {"chain": 0.005, "tree": 0.005}}
 
 
+def _row(table: dict, device: str, dtype: str):
+    """A prior table's entry for a device type and target dtype: a CPU dtype not listed takes fp32's, any other
+    device the ("other", "") entry."""
+    if device != "cpu":
+        return table[("other", "")]
+    return table.get((device, dtype), table[("cpu", "float32")])
+
+
 def verify_slope_prior(device: str, dtype: str, shape: str = "chain") -> float:
-    """`VERIFY_SLOPE_PRIOR` for a device type and target dtype ("chain" or "tree"): a CPU dtype not listed takes
-    fp32's, any other device the accelerator row."""
-    row = (VERIFY_SLOPE_PRIOR[("other", "")] if device != "cpu"
-           else VERIFY_SLOPE_PRIOR.get((device, dtype), VERIFY_SLOPE_PRIOR[("cpu", "float32")]))
-    return row[shape]
+    """`VERIFY_SLOPE_PRIOR` for a device type and target dtype ("chain" or "tree"), by `_row`'s rule."""
+    return _row(VERIFY_SLOPE_PRIOR, device, dtype)[shape]
 
 
 # A draft step's time over its bytes ratio (c time / c bytes), by device and target dtype, before a run has timed
@@ -38,9 +43,7 @@ DRAFT_STEP_PRIOR = {("cpu", "float32"): 1.0, ("cpu", "bfloat16"): 0.85, ("cpu", 
 def draft_step_prior(c_bytes: float, device: str = "cpu", dtype: str = "float32") -> float:
     """c, a draft step in target steps, fixed before decoding: the bytes ratio × `DRAFT_STEP_PRIOR` (a CPU dtype
     not listed takes fp32's factor, any other device 1)."""
-    factor = (DRAFT_STEP_PRIOR[("other", "")] if device != "cpu"
-              else DRAFT_STEP_PRIOR.get((device, dtype), DRAFT_STEP_PRIOR[("cpu", "float32")]))
-    return c_bytes * factor
+    return c_bytes * _row(DRAFT_STEP_PRIOR, device, dtype)
 
 
 # A verify pass over n positions, in one-token target passes, before a run has timed any: (n, t(n)) points,
