@@ -62,6 +62,36 @@ def test_gptq_is_rtn_format_and_closer_on_outputs(bits, group):
     assert gptq.output_error(w, mine, other) > 0.7 * gptq.output_error(w, rtn, other)
 
 
+@pytest.mark.parametrize("k,group", [(64, 32), (56, 24)])
+def test_refit_grid_is_the_least_output_error_for_its_codes(k, group):
+    """With the codes fixed, the refit grid's output error is below GPTQ's own grid and below any small move of
+    it (it is the least-squares optimum); on another input distribution it has no such edge (negative control)."""
+    x = _correlated(k=k)
+    w = torch.randn(40, k) * 0.05
+    h = gptq.hessian_update(None, x)
+    q, s, z = gptq.gptq_quantize(w, h, 4, group, act_order=True)
+    s2, z2 = gptq.refit_grid(w, h, q, s, z, group, damp=0.0)
+    assert s2.dtype == z2.dtype == torch.float16 and s2.shape == s.shape and bool((s2 > 0).all())
+    err = lambda sc, ze, hh=h: gptq.output_error(w, group_dequantize(q, sc, ze, group), hh)  # noqa: E731
+    assert err(s2, z2) < 0.97 * err(s, z)
+    g = torch.Generator().manual_seed(3)
+    for _ in range(5):
+        moved = (s2.float() * (1 + 0.01 * torch.randn(s2.shape, generator=g))).half()
+        assert err(moved, z2) > err(s2, z2)
+    other = gptq.hessian_update(None, torch.randn(2048, k, generator=g))
+    assert err(s2, z2, other) > 0.9 * err(s, z, other)
+
+
+def test_a_given_grid_is_swept_against_as_given():
+    x = _correlated()
+    w = torch.randn(16, 64) * 0.05
+    h = gptq.hessian_update(None, x)
+    q, s, z = gptq.gptq_quantize(w, h, 4, 32, act_order=True)
+    s2, z2 = gptq.refit_grid(w, h, q, s, z, 32)
+    q2, s3, z3 = gptq.gptq_quantize(w, h, 4, 32, act_order=True, grid=(s2, z2))
+    assert torch.equal(s3, s2) and torch.equal(z3, z2) and not torch.equal(q2, q)
+
+
 def test_batched_sweep_equals_one_at_a_time():
     x1, x2 = _correlated(seed=1), _correlated(seed=2)
     w = torch.randn(2, 32, 64) * 0.05
@@ -287,3 +317,32 @@ def test_sequential_calibration_restores_the_target(micro):
     assert not torch.equal(draft(ids).logits, flat(ids).logits), "the sequential order changes the codes"
     samples = self_samples(micro, 2, 48, seed=123)
     assert fidelity(micro, draft, samples) > fidelity(micro, make_draft(micro, "rtn3-top0"), samples)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("held", [1 << 30, 1])
+def test_streamed_calibration_gives_the_whole_model_hessians_codes(arch, held, monkeypatch):
+    """One layer's Hessians at a time on the streamed hidden states (what keeps a 1.7B calibration in memory)
+    gives the codes one forward of the whole model gives; the sequential order (quantised stream) does not."""
+    from hfspec.quant import calibrate as cal
+
+    monkeypatch.setattr(cal, "HESSIAN_BYTES", held)  # all layers' Hessians at once, or one layer at a time
+    model = build(arch, hidden=64)
+    ids = torch.randint(3, 96, (6, 24), generator=torch.Generator().manual_seed(1))
+    names = list(calibration_matrices(model))
+    settings = Calibration(sequences=6, tokens=23)
+    meter = cal._Meter(lambda message: None, 0.0, len(names))
+    layers = cal._layers(model)
+    assert layers is not None
+    layer_names = [n for n in names if n.startswith(layers[0] + ".")]
+    assert set(names) - set(layer_names), "the head is outside the layers: its Hessian comes from the last pass"
+    whole = cal._quantize(model, cal.hessians(model, ids, names), names, 4, 32, settings, meter)
+    streamed = cal._streamed(model, layers, ids, names, 4, 32, settings, meter)
+    sequential = cal._streamed(model, layers, ids, layer_names, 4, 32,
+                               Calibration(sequences=6, tokens=23, sequential=True), meter)
+    assert set(streamed) == set(names)
+    agree = [float((whole[n].q == streamed[n].q).float().mean()) for n in names]
+    assert min(agree) > 0.99, agree
+    assert all("forward" not in block.__dict__ for block in layers[1]), "the real forwards are back"
+    last = [n for n in layer_names if n.startswith(f"{layers[0]}.{len(layers[1]) - 1}.")]
+    assert any(not torch.equal(whole[n].q, sequential[n].q) for n in last), "the quantised stream must differ"

@@ -32,7 +32,7 @@ from hfspec.quant.calibrate import Calibration, Coded, calibrate, calibration_ma
 from hfspec.quant.packing import pack_rows, unpack_rows
 
 GPTQ_BITS = (2, 8)
-FORMAT = 1  # the cache file's layout and the algorithm's version: a change makes older entries unused
+FORMAT = 2  # the cache file's layout and the algorithm's version: a change makes older entries unused
 CALIBRATION_DIR = Path(os.environ.get("HFSPEC_CALIBRATION_DIR", Path.home() / ".cache" / "hfspec" / "calibrated"))
 
 

@@ -5,10 +5,15 @@ No data set is downloaded: the target samples `sequences` texts of `tokens` toke
 (seeded), which is the distribution the draft must imitate. One forward over them with hooks on every matrix the
 draft quantises gives each matrix's Hessian Σ x xᵀ; matrices of one shape are then quantised together
 (`gptq.gptq_quantize` batched), which makes the sweep's Python loop run once per column for all layers.
+
+For a decoder with a layer list (`model.model.layers`) the Hessians are taken one layer at a time on the hidden
+states streamed through the layers (`_streamed`): memory holds one layer's Hessians, not every layer's (at the
+1.7B shape every layer's at once would be ~17 GB in fp64 beside the 7 GB model).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Callable
@@ -20,6 +25,7 @@ from torch import nn
 from hfspec.quant import gptq, groupwise
 from hfspec.quant.known_layers import Conv1D
 
+HESSIAN_BYTES = 1 << 30  # Hessians held before their layers are quantised (more layers: fewer, larger GPTQ sweeps)
 BATCH_ELEMENTS = 64 << 20  # weights per batched GPTQ sweep (bounds the fp32 scratch to a few hundred MB)
 PROGRESS_EVERY = 2.0  # seconds between progress messages
 
@@ -40,10 +46,11 @@ class Calibration:
     shrink: tuple[float, ...] = gptq.SHRINK
     act_order: bool = True
     sequential: bool = False
+    refits: int = 1
 
     def key(self) -> str:
         return (f"s{self.sequences}-t{self.tokens}-seed{self.seed}-d{self.damp:g}-c{','.join(f'{x:g}' for x in self.shrink)}"
-                f"-a{int(self.act_order)}-q{int(self.sequential)}")
+                f"-a{int(self.act_order)}-q{int(self.sequential)}-r{self.refits}")
 
 
 @dataclass
@@ -144,16 +151,12 @@ def calibrate(model: nn.Module, bits: int, group_size: int, settings: Calibratio
         owner.setdefault(id(model.get_submodule(name).weight), name)
     unique = list(dict.fromkeys(owner.values()))
     meter = _Meter(say, began, len(unique))
-    codes: dict[str, Coded] = {}
-    layers = _layers(model) if settings.sequential else None
+    layers = _layers(model)
     if layers is not None:
-        codes.update(_sequential(model, layers, ids, unique, bits, group_size, settings, meter))
-    rest = [name for name in unique if name not in codes]
-    if rest:
-        codes.update(_quantize(model, hessians(model, ids, rest), rest, bits, group_size, settings, meter))
-    for name in names:
-        codes[name] = codes[owner[id(model.get_submodule(name).weight)]]
-    return codes
+        codes = _streamed(model, layers, ids, unique, bits, group_size, settings, meter)
+    else:
+        codes = _quantize(model, hessians(model, ids, unique), unique, bits, group_size, settings, meter)
+    return {name: codes[owner[id(model.get_submodule(name).weight)]] for name in names}
 
 
 class _Meter:
@@ -187,6 +190,13 @@ def _quantize(model: nn.Module, found: dict[str, torch.Tensor], names: list[str]
             h = torch.stack([found[name] for name in part])
             q, scale, zero = gptq.gptq_quantize(w, h, bits, group_size, settings.damp, settings.shrink,
                                                 settings.act_order)
+            for round_ in range(settings.refits):
+                if round_:  # sweep again against the moved grids, then move them again
+                    q, scale, zero = gptq.gptq_quantize(w, h, bits, group_size, settings.damp, settings.shrink,
+                                                        settings.act_order, (scale, zero))
+                for i in range(len(part)):
+                    scale[i], zero[i] = gptq.refit_grid(w[i], h[i], q[i], scale[i], zero[i], group_size,
+                                                        settings.damp)
             for i, name in enumerate(part):
                 codes[name] = Coded(q[i].clone(), scale[i].clone(), zero[i].clone())
             meter.add(len(part))
@@ -200,28 +210,34 @@ def _layers(model: nn.Module) -> tuple[str, nn.ModuleList] | None:
 
 
 @torch.no_grad()
-def _sequential(model: nn.Module, layers: tuple[str, nn.ModuleList], ids: torch.Tensor, names: list[str],
-                bits: int, group_size: int, settings: Calibration, meter: _Meter) -> dict[str, Coded]:
-    """GPTQ layer by layer, each layer's Hessians taken on the inputs the already quantised layers below it give
-    (the paper's sequential order: later layers absorb the errors of earlier ones). One float forward records
-    each layer's call (positions, masks); then every layer runs twice on the quantised stream: once with hooks
-    for its Hessians, once with its weights briefly swapped for their quantised values (restored exactly)."""
+def _streamed(model: nn.Module, layers: tuple[str, nn.ModuleList], ids: torch.Tensor, names: list[str],
+              bits: int, group_size: int, settings: Calibration, meter: _Meter) -> dict[str, Coded]:
+    """GPTQ layer by layer on a stream of hidden states, so only one layer's Hessians are held at a time.
+
+    A pass of the model with its layers passing their input through records each layer's call (positions and
+    masks do not depend on the hidden states; this costs the embeddings and little more); then every layer runs
+    on the stream with hooks for its Hessians, its matrices are quantised, and the stream moves on through the
+    layer (layers are quantised together while their Hessians fit in HESSIAN_BYTES, so that matrices of one
+    shape share a sweep). With `settings.sequential` it moves on through the layer with its weights briefly swapped for their
+    quantised values (restored exactly): the paper's sequential order, where later layers absorb the errors of
+    earlier ones; without, through the float layer: the Hessians one forward of the whole model would give.
+    Matrices outside the layers (the head) get theirs from a last pass whose layers hand on the final stream."""
     prefix, blocks = layers
     calls: dict[int, tuple] = {}
+    shape: list = []  # a layer's real output (its structure: a tensor, or a tuple led by the hidden states)
 
-    def recorder(index):
-        def hook(module, args, kwargs):
-            calls[index] = (args, kwargs)
-        return hook
-    hooks = [block.register_forward_pre_hook(recorder(i), with_kwargs=True) for i, block in enumerate(blocks)]
-    try:
-        model(ids, use_cache=False)
-    finally:
-        for h in hooks:
-            h.remove()
+    def record(index, real, *args, **kwargs):
+        calls[index] = (args, kwargs)
+        x = args[0] if args else kwargs["hidden_states"]
+        if not shape:
+            shape.append(real(*args, **kwargs))
+        return _like(shape[0], x)
+    with _layers_replaced(blocks, record):
+        model.get_submodule(prefix.rpartition(".")[0] or prefix)(ids, use_cache=False)  # the decoder, no head
     args0, kwargs0 = calls[0]
     stream = args0[0] if args0 else kwargs0["hidden_states"]
     codes: dict[str, Coded] = {}
+    pending: dict[str, torch.Tensor] = {}  # Hessians of layers not yet quantised (batched by shape when quantised)
     for i, block in enumerate(blocks):
         args, kwargs = calls[i]
         here = [name for name in names if name.startswith(f"{prefix}.{i}.")]
@@ -229,21 +245,62 @@ def _sequential(model: nn.Module, layers: tuple[str, nn.ModuleList], ids: torch.
         def run(x, block=block, args=args, kwargs=kwargs):
             out = block(x, *args[1:], **kwargs) if args else block(**{**kwargs, "hidden_states": x})
             return out[0] if isinstance(out, tuple) else out
-        found = _hooked_hessians(model, here, functools.partial(run, stream))
-        codes.update(_quantize(model, found, here, bits, group_size, settings, meter))
-        saved = {}
-        try:
-            for name in here:
-                module = model.get_submodule(name)
-                saved[name] = module.weight.data
-                c = codes[name]
-                deq = groupwise.group_dequantize(c.q, c.scale, c.zero, group_size, module.weight.dtype)
-                module.weight.data = deq.t().contiguous() if isinstance(module, Conv1D) else deq
-            stream = run(stream)
-        finally:
-            for name, data in saved.items():
-                model.get_submodule(name).weight.data = data
+        outputs: list[torch.Tensor] = []
+        pending.update(_hooked_hessians(model, here, lambda run=run, x=stream, out=outputs: out.append(run(x))))
+        if settings.sequential or i == len(blocks) - 1 or _nbytes(pending) >= HESSIAN_BYTES:
+            codes.update(_quantize(model, pending, list(pending), bits, group_size, settings, meter))
+            pending.clear()
+        stream = outputs.pop() if not settings.sequential else _through_quantised(model, here, codes, group_size,
+                                                                                   functools.partial(run, stream))
+    rest = [name for name in names if name not in codes]
+    if rest:
+        last = len(blocks) - 1
+
+        def hand_on(index, real, *args, **kwargs):
+            return _like(shape[0], stream if index == last else (args[0] if args else kwargs["hidden_states"]))
+        with _layers_replaced(blocks, hand_on):
+            found = _hooked_hessians(model, rest, lambda: model(ids, use_cache=False))
+        codes.update(_quantize(model, found, rest, bits, group_size, settings, meter))
     return codes
+
+
+def _through_quantised(model: nn.Module, names: list[str], codes: dict[str, Coded], group_size: int,
+                       run: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """`run()` with the named matrices' weights swapped for their dequantised codes, restored exactly after."""
+    saved = {}
+    try:
+        for name in names:
+            module = model.get_submodule(name)
+            saved[name] = module.weight.data
+            c = codes[name]
+            deq = groupwise.group_dequantize(c.q, c.scale, c.zero, group_size, module.weight.dtype)
+            module.weight.data = deq.t().contiguous() if isinstance(module, Conv1D) else deq
+        return run()
+    finally:
+        for name, data in saved.items():
+            model.get_submodule(name).weight.data = data
+
+
+def _nbytes(tensors: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def _like(real, x: torch.Tensor):
+    """x in the structure of a layer's real output (a tensor, or a tuple with the hidden states first)."""
+    return (x, *real[1:]) if isinstance(real, tuple) else x
+
+
+@contextlib.contextmanager
+def _layers_replaced(blocks: nn.ModuleList, fn: Callable):
+    """Every layer's forward is `fn(index, real_forward, *args, **kwargs)` inside the block (hooks still run);
+    the real forwards are back after it, also on an error."""
+    for i, block in enumerate(blocks):
+        block.forward = functools.partial(fn, i, block.forward)
+    try:
+        yield
+    finally:
+        for block in blocks:
+            block.__dict__.pop("forward", None)
 
 
 def _hooked_hessians(model: nn.Module, names: list[str], run: Callable[[], object]) -> dict[str, torch.Tensor]:

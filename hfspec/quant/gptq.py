@@ -84,7 +84,8 @@ def inverse_hessian_factor(h: torch.Tensor, damp: float = DAMP) -> tuple[torch.T
 
 @torch.no_grad()
 def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int, group_size: int, damp: float = DAMP,
-                  shrink: tuple[float, ...] = SHRINK, act_order: bool = False
+                  shrink: tuple[float, ...] = SHRINK, act_order: bool = False,
+                  grid: tuple[torch.Tensor, torch.Tensor] | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """w [N, K] with input Hessian h [K, K] -> (codes uint8 [N, K], scale fp16 [N, G], zero fp16 [N, G]), the
     format of `groupwise.group_quantize` (G = ceil(K / group_size), the last group may be short).
@@ -99,9 +100,13 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int, group_size: int, 
     act_order: sweep the columns in order of decreasing H_ii (the inputs with the most energy first, while the
     most columns are left to absorb their errors; the paper's "act-order"). The groups stay contiguous along K,
     as the format requires, so their grids are then fixed before the sweep from the weights as they are
-    ("static groups")."""
+    ("static groups").
+
+    grid: (scale, zero) fp16 [N, G] (or [B, N, G]) to sweep against instead of choosing them (static groups too):
+    a second sweep against the grids `refit_grid` moved."""
     if w.dim() == 2:
-        q, s, z = gptq_quantize(w[None], h[None], bits, group_size, damp, shrink, act_order)
+        q, s, z = gptq_quantize(w[None], h[None], bits, group_size, damp, shrink, act_order,
+                                None if grid is None else (grid[0][None], grid[1][None]))
         return q[0], s[0], z[0]
     batch, n, k = w.shape
     top = 2**bits - 1
@@ -116,11 +121,15 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int, group_size: int, 
         wt[b, dead] = 0.0
     scales = torch.empty(batch, n, groups, dtype=torch.float16)
     zeros = torch.empty_like(scales)
-    if act_order:  # static groups: every grid from the weights before the sweep
+    static = act_order or grid is not None
+    if grid is not None:
+        scales[:], zeros[:] = grid[0].to(torch.float16), grid[1].to(torch.float16)
+    elif act_order:  # static groups: every grid from the weights before the sweep
         pad = groups * group_size - k
         padded = torch.cat([w, w[:, :, -1:].expand(-1, -1, pad)], dim=2) if pad else w
         scale, zero = group_grid(padded.reshape(-1, group_size), bits, shrink)
         scales[:], zeros[:] = scale.view(batch, n, groups), zero.view(batch, n, groups)
+    if static:
         col_group = (perm // group_size)[:, :, None].expand(batch, k, n)  # [B, K, N]
         sp = torch.gather(scales.float().transpose(1, 2), 1, col_group)
         zp = torch.gather(zeros.float().transpose(1, 2), 1, col_group)
@@ -134,7 +143,7 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int, group_size: int, 
         err = torch.empty_like(wb)
         for i in range(b1 - b0):
             j = b0 + i
-            if act_order:
+            if static:
                 s, z = sp[:, j], zp[:, j]
             elif j % group_size == 0:  # a new group: its grid from its columns as they are now
                 cols = wt[:, j:j + group_size].transpose(1, 2).reshape(batch * n, -1)
@@ -153,6 +162,60 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int, group_size: int, 
     q = torch.empty(batch, n, k, dtype=torch.uint8)
     q.scatter_(2, perm[:, None, :].expand(batch, n, k), codes.transpose(1, 2))
     return q, scales, zeros
+
+
+REFIT_SCRATCH = 64 << 20  # floats of scratch per block of rows in `refit_grid`
+
+
+@torch.no_grad()
+def refit_grid(w: torch.Tensor, h: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
+               group_size: int, damp: float = DAMP) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale, zero) fp16 [N, G] that minimise the output error tr((W − Ŵ) H (W − Ŵ)ᵀ) for the codes q [N, K]
+    fixed, Ŵ = q · scale + zero per group: a weighted least-squares problem of 2G unknowns per row (rows are
+    independent), solved exactly. GPTQ picks codes against grids chosen for the weights' own squared error; this
+    moves each grid to where the layer's outputs are closest (on SmolLM2-135M off the grid: output error −25 %,
+    Σ min(p, q) +0.009). H is dampened as for GPTQ. A row keeps its grid where the new one is not finite, has a
+    scale ≤ 0 or out of fp16's range, or does not lower that row's error."""
+    n, k = w.shape
+    groups = scale.shape[1]
+    pad = groups * group_size - k
+    hd = h.double() + damp * float(torch.diagonal(h).double().mean()) * torch.eye(k, dtype=torch.float64)
+    hf = torch.nn.functional.pad(hd.float(), (0, pad, 0, pad))  # [Kp, Kp]: padded columns weigh nothing
+    hb = hf.view(groups, group_size, groups, group_size)
+    qg = torch.nn.functional.pad(q.float(), (0, pad)).view(n, groups, group_size)
+    hw = (torch.nn.functional.pad(w.float(), (0, pad)) @ hf).view(n, groups, group_size)  # (H w_n) by group
+    m22 = hb.sum(dim=(1, 3)).double()  # [G, G]: Σ over both groups' H entries (the zeros' block)
+    h_rows = hb.sum(dim=1)  # [G(a), G(b), g]: Σ_{i in a} H[i, (b, j)]
+    rows = max(1, REFIT_SCRATCH // max(1, groups * groups * group_size))
+    scale_out, zero_out = scale.clone(), zero.clone()
+    for r0 in range(0, n, rows):
+        r1 = min(n, r0 + rows)
+        qc = qg[r0:r1]  # [c, G, g]
+        x = torch.bmm(qc.transpose(0, 1), hb.reshape(groups, group_size, -1))  # [G(a), c, Kp]: Σ_i q_ai H[ai, ·]
+        m11 = (x.view(groups, r1 - r0, groups, group_size) * qc[None]).sum(-1).permute(1, 0, 2)  # [c, a, b]
+        m21 = torch.einsum("abj,nbj->nab", h_rows, qc)  # [c, a, b]: zeros' rows against scales' columns
+        m = torch.cat([torch.cat([m11, m21.transpose(1, 2)], 2), torch.cat([m21, m22.float().expand(r1 - r0, -1, -1)], 2)],
+                      1).double()
+        rhs = torch.cat([(qc * hw[r0:r1]).sum(-1), hw[r0:r1].sum(-1)], 1).double()
+        ridge = 1e-9 * m.diagonal(dim1=1, dim2=2).abs().mean(1, keepdim=True)  # a constant-code group stays solvable
+        old = torch.cat([scale[r0:r1].double(), zero[r0:r1].double()], 1)
+        theta = torch.linalg.solve(m + ridge[:, :, None] * torch.eye(2 * groups, dtype=torch.float64),
+                                   (rhs + ridge * old)[..., None])[..., 0]
+        new_scale, new_zero = theta[:, :groups].clamp(-65504, 65504).half(), theta[:, groups:].clamp(-65504, 65504).half()
+        ok = (torch.isfinite(theta).all(1) & (theta[:, :groups] > 0).all(1) & (theta.abs() < 65504).all(1)
+              & (_row_errors(w[r0:r1], q[r0:r1], new_scale, new_zero, hf[:k, :k], group_size)
+                 < _row_errors(w[r0:r1], q[r0:r1], scale[r0:r1], zero[r0:r1], hf[:k, :k], group_size)))
+        scale_out[r0:r1][ok], zero_out[r0:r1][ok] = new_scale[ok], new_zero[ok]
+    return scale_out, zero_out
+
+
+def _row_errors(w, q, scale, zero, h, group_size) -> torch.Tensor:
+    """(w_n − ŵ_n)ᵀ H (w_n − ŵ_n) of each row."""
+    k = w.shape[1]
+    s = scale.float().repeat_interleave(group_size, dim=1)[:, :k]
+    z = zero.float().repeat_interleave(group_size, dim=1)[:, :k]
+    d = w.float() - (q.float() * s + z)
+    return ((d @ h) * d).sum(1)
 
 
 def output_error(w: torch.Tensor, w_hat: torch.Tensor, h: torch.Tensor) -> float:
