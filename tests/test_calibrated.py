@@ -336,7 +336,7 @@ def test_streamed_calibration_gives_the_whole_model_hessians_codes(arch, held, m
     assert layers is not None
     layer_names = [n for n in names if n.startswith(layers[0] + ".")]
     assert set(names) - set(layer_names), "the head is outside the layers: its Hessian comes from the last pass"
-    whole = cal._quantize(model, cal.hessians(model, ids, names), names, 4, 32, settings, meter)
+    whole = cal.gptq_codes(model, cal.hessians(model, ids, names), names, 4, 32, settings, meter)
     streamed = cal._streamed(model, layers, ids, names, 4, 32, settings, meter)
     sequential = cal._streamed(model, layers, ids, layer_names, 4, 32,
                                Calibration(sequences=6, tokens=23, sequential=True), meter)

@@ -27,8 +27,8 @@ from hfspec import report
 from hfspec.drafts.rtn import DEFAULT_GROUP_SIZE, GROUP_SIZES, RTN_BITS
 from hfspec.errors import HfspecError, bad_value
 from hfspec.kernels.lean import HEAD_FLOAT_BELOW, HEAD_TOP, lean_reason
-from hfspec.quant import gptq, groupwise
-from hfspec.quant.calibrate import Coded, calibration_matrices, hessians, self_samples
+from hfspec.quant import groupwise
+from hfspec.quant.calibrate import Coded, calibration_matrices, gptq_codes, hessians, self_samples
 from hfspec.quant.known_layers import Conv1D
 
 METHODS = ("rtn", "gptq")
@@ -188,16 +188,7 @@ def _codes(target: nn.Module, names: list[str], bits: int, group_size: int, meth
                                                           group_size))
     else:
         found = hessians(target, ids, unique, ROWS_PER_PASS)
-        by_shape: dict[tuple, list[str]] = {}
-        for name in unique:
-            by_shape.setdefault(tuple(_weight(target.get_submodule(name)).shape), []).append(name)
-        for group in by_shape.values():
-            w = torch.stack([_weight(target.get_submodule(n)).detach().float().cpu() for n in group])
-            h = torch.stack([found[n].cpu() for n in group])
-            q, scale, zero = gptq.gptq_quantize(w, h, bits, group_size, act_order=True)
-            for i, name in enumerate(group):
-                device = target.get_submodule(name).weight.device
-                codes[name] = Coded(q[i].to(device), scale[i].to(device), zero[i].to(device))
+        codes = gptq_codes(target, found, unique, bits, group_size)
     return {name: codes[owner[id(target.get_submodule(name).weight)]] for name in names}
 
 

@@ -155,7 +155,7 @@ def calibrate(model: nn.Module, bits: int, group_size: int, settings: Calibratio
     if layers is not None:
         codes = _streamed(model, layers, ids, unique, bits, group_size, settings, meter)
     else:
-        codes = _quantize(model, hessians(model, ids, unique), unique, bits, group_size, settings, meter)
+        codes = gptq_codes(model, hessians(model, ids, unique), unique, bits, group_size, settings, meter)
     return {name: codes[owner[id(model.get_submodule(name).weight)]] for name in names}
 
 
@@ -175,9 +175,11 @@ class _Meter:
             self.shown = now
 
 
-def _quantize(model: nn.Module, found: dict[str, torch.Tensor], names: list[str], bits: int, group_size: int,
-              settings: Calibration, meter: _Meter) -> dict[str, Coded]:
-    """GPTQ codes of the named matrices from their Hessians `found`, matrices of one shape in one sweep."""
+def gptq_codes(model: nn.Module, found: dict[str, torch.Tensor], names: list[str], bits: int, group_size: int,
+               settings: Calibration | None = None, meter: _Meter | None = None) -> dict[str, Coded]:
+    """GPTQ codes of the named matrices from their Hessians `found` (then grids refit, `settings.refits` times),
+    matrices of one shape in one sweep. Every calibrated draft and `hfspec sensitivity --method gptq` use it."""
+    settings = settings or Calibration()
     by_shape: dict[tuple, list[str]] = {}
     for name in names:
         by_shape.setdefault(tuple(_weight(model.get_submodule(name)).shape), []).append(name)
@@ -199,7 +201,8 @@ def _quantize(model: nn.Module, found: dict[str, torch.Tensor], names: list[str]
                                                         settings.damp)
             for i, name in enumerate(part):
                 codes[name] = Coded(q[i].clone(), scale[i].clone(), zero[i].clone())
-            meter.add(len(part))
+            if meter is not None:
+                meter.add(len(part))
     return codes
 
 
@@ -248,7 +251,7 @@ def _streamed(model: nn.Module, layers: tuple[str, nn.ModuleList], ids: torch.Te
         outputs: list[torch.Tensor] = []
         pending.update(_hooked_hessians(model, here, lambda run=run, x=stream, out=outputs: out.append(run(x))))
         if settings.sequential or i == len(blocks) - 1 or _nbytes(pending) >= HESSIAN_BYTES:
-            codes.update(_quantize(model, pending, list(pending), bits, group_size, settings, meter))
+            codes.update(gptq_codes(model, pending, list(pending), bits, group_size, settings, meter))
             pending.clear()
         stream = outputs.pop() if not settings.sequential else _through_quantised(model, here, codes, group_size,
                                                                                    functools.partial(run, stream))
@@ -260,7 +263,7 @@ def _streamed(model: nn.Module, layers: tuple[str, nn.ModuleList], ids: torch.Te
             return _like(shape[0], stream if index == last else (args[0] if args else kwargs["hidden_states"]))
         with _layers_replaced(blocks, hand_on):
             found = _hooked_hessians(model, rest, lambda: model(ids, use_cache=False))
-        codes.update(_quantize(model, found, rest, bits, group_size, settings, meter))
+        codes.update(gptq_codes(model, found, rest, bits, group_size, settings, meter))
     return codes
 
 
