@@ -73,6 +73,7 @@ run "drafts speed" python bench_drafts.py speed --model "$SMOLLM2"
 run fp32_linear python bench_fp32_linear.py
 run results python bench_results.py --smollm2-offgrid "$OFFGRID"
 run calibrated python bench_calibrated.py --models micro,smollm2-offgrid --smollm2-offgrid "$OFFGRID"
+run "calibration settings" python bench_calibration_settings.py --model "$OFFGRID" --reference "$SMOLLM2"
 run "calibration time" python bench_calibration_time.py --cases smollm2-offgrid,shape:smollm2-1.7b  # ~15 min, 12 GiB
 run "llama.cpp" python bench_llamacpp.py --smollm2 "$SMOLLM2" --smollm2-offgrid "$OFFGRID" --max-new-tokens 128 \
     --repeats 5  # skips itself (exit 0) without llama_cpp (an optional build, docs/benchmarks.md) or the GGUF

@@ -1,0 +1,86 @@
+"""Which calibration settings make the closest GPTQ draft: Σ min(p, q) of each setting on one target.
+
+For each setting (sequences × tokens of self-sampled text, group size, dampening, grid refits, sequential
+order) the target's Hessians are taken once per text size, `hfspec.quant.calibrate.gptq_codes` quantises every
+matrix, and the target runs over held-out text it wrote itself (4 × 128 tokens, seed 1000) with its matrices'
+outputs replaced by the dequantised codes' (`hfspec.drafts.sensitivity`'s hooks: the float weights are never
+changed): mean Σ min(p, q) against the float target, the expected acceptance at T = 1. Timing-free except the
+quantisation's own seconds (a one-shot duration: quiet machine for those). `--reference FOLDER` also measures a
+model given as it is (e.g. the Q4_1 SmolLM2 that the off-grid target was made from).
+
+    python benchmarks/bench_calibration_settings.py --model ~/.cache/hfspec-models/smollm2-135m-instruct-offgrid \\
+        --reference ~/.cache/hfspec-models/smollm2-135m-instruct
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import common  # noqa: E402
+
+from hfspec.drafts.fidelity import fidelity  # noqa: E402
+from hfspec.drafts.sensitivity import _overlap, _probs, _Quantised  # noqa: E402
+from hfspec.quant.calibrate import Calibration, calibration_matrices, gptq_codes, hessians, self_samples  # noqa: E402
+
+# (label, sequences, group size, Calibration fields)
+SETTINGS = [
+    ("64 × 64, no refit", 64, 32, {"refits": 0}),
+    ("64 × 64 (default)", 64, 32, {}),
+    ("64 × 64, refits 2", 64, 32, {"refits": 2}),
+    ("64 × 64, damp 10 %", 64, 32, {"damp": 0.1}),
+    ("64 × 64, groups of 128", 64, 128, {}),
+    ("128 × 64, no refit", 128, 32, {"refits": 0}),
+    ("128 × 64", 128, 32, {}),
+]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=str(common.PAIRS["smollm2-offgrid"]))
+    p.add_argument("--reference", default=None, help="a model folder measured as it is, beside the settings")
+    p.add_argument("--bits", type=int, default=4)
+    p.add_argument("--only", default=None, help="comma-separated indices of SETTINGS to run (default: all)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    target, _ = common.load(Path(args.model), "float32")
+    held_out = self_samples(target, 4, 128, 1000)
+    p_float = list(_probs(target, held_out))
+    names = list(calibration_matrices(target))
+    lines = [f"{common.machine_name()}, {args.threads} threads; Σ min(p, q) on 4 × 128 held-out tokens (seed 1000) "
+             f"of {Path(args.model).name}, {args.bits}-bit GPTQ", "",
+             "| setting | Σ min(p, q) | 1 − Σ min | quantisation s |", "|---|---|---|---|"]
+    rows = []
+    if args.reference:
+        ref, _ = common.load(Path(args.reference), "float32")
+        value = sum(fidelity(target, ref, held_out[i:i + 1]) for i in range(4)) / 4
+        rows.append({"setting": f"reference {Path(args.reference).name}", "overlap": value})
+        lines.append(f"| the model {Path(args.reference).name} as it is | {value:.4f} | {1 - value:.4f} | — |")
+        del ref
+    chosen = SETTINGS if not args.only else [SETTINGS[int(i)] for i in args.only.split(",")]
+    found: dict[int, dict] = {}
+    for label, sequences, group, fields in chosen:
+        if sequences not in found:
+            found[sequences] = hessians(target, self_samples(target, sequences, 64, 0), names)
+        watch = common.Stopwatch()
+        codes = gptq_codes(target, found[sequences], names, args.bits, group, Calibration(sequences=sequences, **fields))
+        seconds = watch.seconds
+        with _Quantised(target, names, codes, group):
+            value = _overlap(target, held_out, p_float)
+        rows.append({"setting": label, "overlap": value, "quantise_s": seconds})
+        lines.append(f"| {label} | {value:.4f} | {1 - value:.4f} | {seconds:.0f} |")
+        print(lines[-1], flush=True)
+    print("\n".join(lines))
+    common.write_results(args.out, lines, rows)
+
+
+if __name__ == "__main__":
+    main()
