@@ -105,7 +105,7 @@ def test_timed_choice_follows_the_faster_path_and_probes_the_slower_ever_more_ra
     tokens, seconds = {False: 3, True: 8 if tree_faster else 4}, {False: 1.0, True: 2.0}
     picks = []
     for _ in range(200):
-        tree = choice.use_tree(4, 100)
+        tree = choice.use_tree(None)  # timed: the run is not read
         picks.append(tree)
         clock[0] += seconds[tree]
         choice.ran(tree, tokens[tree])

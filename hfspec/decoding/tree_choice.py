@@ -12,7 +12,8 @@ this round's draws, so the output law is the target's whichever is taken.
   multi-node call), `verify_prior(n + 1)` for its n nodes and `TREE_ROUND_PRIOR` (the 4-D mask, position ids and
   the walk). The tree's expected tokens come from `plan`, the tree `grow` would build from the acceptance model
   alone. The round with more expected tokens per unit of cost is taken, so the same seed gives the same text on
-  any load. The choice is remade every `DECIDE_EVERY` rounds (a cheap counter in between).
+  any load. The choice is remade each of the first `DECIDE_EARLY` rounds, then every `DECIDE_EVERY` rounds (a
+  cheap counter in between).
 - **Timed** (no seed): each path's measured tokens per second over this run's rounds (round start to next round
   start, decayed), after `MIN_MEASURED` measured rounds of each; the slower path is tried again after
   `PROBE_FIRST` rounds, then after twice as many each time it stays slower (up to `PROBE_MAX`), and after
@@ -25,8 +26,10 @@ import time
 
 from hfspec.decoding.priors import TREE_ROUND_PRIOR, verify_prior
 from hfspec.decoding.tree_shape import AutoShape
+from hfspec.decoding.verifier import RoundState
 
 DECIDE_EVERY = 4  # seeded: rounds between two choices
+DECIDE_EARLY = 8  # seeded: the first rounds, while the acceptance model moves fastest, each choose anew
 MIN_MEASURED = 2  # timed: measured rounds of each path before choosing by their rates
 PROBE_FIRST, PROBE_MAX = 8, 64  # timed: rounds before the slower path is tried again, first and at most
 DECAY = 0.9  # timed: weight of a path's earlier rounds in its rate
@@ -84,8 +87,8 @@ def tree_rate(shape: AutoShape, depth_room: int) -> float:
 
 
 class ChainOrTree:
-    """Per run: whether the next round of tree="auto" grows a tree (module doc). `use_tree(gamma, room)` is asked
-    at the start of each round; `ran(tree, tokens)` hears what the round was and how many tokens it gave."""
+    """Per run: whether the next round of tree="auto" grows a tree (module doc). `use_tree(run)` is asked at the
+    start of each round; `ran(tree, tokens)` hears what the round was and how many tokens it gave."""
 
     def __init__(self, shape: AutoShape):
         self.shape = shape
@@ -96,12 +99,14 @@ class ChainOrTree:
         self._open: tuple[bool, float, int] | None = None  # the round being timed: (tree, began, tokens)
         self._since, self._gap, self._best, self._began = 0, PROBE_FIRST, False, 0.0
 
-    def use_tree(self, gamma: int, room: int) -> bool:
-        """This round's choice: True grows a tree, False runs the chain (γ: the chain's, from the γ policy)."""
+    def use_tree(self, run: RoundState) -> bool:
+        """This round's choice for `run` (a `RoundState`): True grows a tree, False runs the chain. A seeded choice
+        reads the chain's γ (`run.gamma()`, the γ policy's) and the length budget only when it is remade."""
         self.rounds += 1
         if not self.shape.timed:
-            if self.rounds % DECIDE_EVERY == 1 or DECIDE_EVERY == 1:
-                self._tree = tree_rate(self.shape, max(0, room - 1)) > chain_rate(self.shape, gamma)
+            if self.rounds <= DECIDE_EARLY or self.rounds % DECIDE_EVERY == 1 or DECIDE_EVERY == 1:
+                room = max(0, run.room() - 1)
+                self._tree = tree_rate(self.shape, room) > chain_rate(self.shape, run.gamma())
             return self._tree
         now = time.perf_counter()
         if self._open is not None and self.rounds > 2:  # the first round holds the prompt: not measured

@@ -82,7 +82,7 @@ class DynamicTree:
             self.shape.level_factor = tree_level_prior(compiled)
 
     def propose_and_verify(self, run: RoundState) -> tuple[Proposal, Verdict]:
-        if self.choice is not None and not self.choice.use_tree(run.gamma(), run.room()):
+        if self.choice is not None and not self.choice.use_tree(run):
             return chain_round(run, self)
         proposal, verdict = dynamic_round(run, self)
         run.stats.tree_rounds += 1
