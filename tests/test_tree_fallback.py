@@ -8,12 +8,11 @@ import time
 
 import pytest
 import torch
-from tiny_models import build, perturbed
+from tiny_models import build, build_family, perturbed
 
 import hfspec
 import hfspec.decoding.priors as priors
 import hfspec.decoding.tree_choice as tree_choice
-from hfspec.decoding.round import RoundTree
 from hfspec.decoding.tree_choice import ChainOrTree
 from hfspec.decoding.tree_shape import AutoShape
 
@@ -60,13 +59,15 @@ def test_where_trees_pay_auto_grows_them_and_keeps_the_greedy_text(pair, monkeyp
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_seeded_choices_and_text_do_not_depend_on_the_clock(pair, monkeypatch, temperature):
+def test_seeded_choices_and_text_do_not_depend_on_the_clock(monkeypatch, temperature):
+    target = build_family("llama", init=0.2)
+    lean = (target, hfspec.make_draft(target, "rtn4"))  # its bytes ratio makes both kinds of round pay at times
     real = time.perf_counter
     runs = []
     for clock_seed in (0, 1, 2):
         rng = random.Random(clock_seed)
         monkeypatch.setattr(time, "perf_counter", lambda rng=rng: real() + rng.random() * 10)
-        runs.append(_run(pair, gamma="auto", temperature=temperature, seed=5, tree="auto"))
+        runs.append(_run(lean, gamma=3, temperature=temperature, seed=5, tree="auto"))
     monkeypatch.setattr(time, "perf_counter", real)
     first = runs[0]
     assert first.stats.tree_rounds > 0 and first.stats.chain_rounds > 0  # both kinds of round occur here
@@ -88,14 +89,6 @@ def test_chain_rounds_carry_a_one_branch_tree_for_live_displays(pair, monkeypatc
         assert ([tree.tokens[k] for k in tree.path] + [tree.token])[:len(e.new_tokens[0])] == e.new_tokens[0]
 
 
-def test_first_line_is_the_chain_a_tree_contains():
-    # root → 0 (first) → 2 (first of 0) → 4; 1 is the root's second child, 3 is 0's second
-    tree = RoundTree((7, 8, 9, 10, 11), (-1, -1, 0, 0, 2), (1, 1, 2, 2, 3), (0, 3), 5, "bonus")
-    assert tree.first_line() == (3, 1)
-    assert RoundTree((7,), (-1,), (1,), (), 5, "resampled").first_line() == (1, 0)
-    assert RoundTree((), (), (), (), 5, "bonus").first_line() == (0, 0)
-
-
 @pytest.mark.parametrize("tree_faster", [False, True])
 def test_timed_choice_follows_the_faster_path_and_probes_the_slower_ever_more_rarely(monkeypatch, tree_faster):
     clock = [0.0]
@@ -112,3 +105,11 @@ def test_timed_choice_follows_the_faster_path_and_probes_the_slower_ever_more_ra
     slower = sum(p != tree_faster for p in picks[10:])
     assert slower <= 6  # probes at gaps 8, 16, 32, 64, 64, …
     assert picks[-1] == tree_faster or picks[-2] == tree_faster
+
+
+def test_with_gamma_auto_a_tree_is_weighed_against_the_best_chain():
+    shape = AutoShape(timed=False, c_prior=0.2)
+    best = tree_choice.chain_rate(shape, 8, best=True)
+    assert best == max(tree_choice.chain_rate(shape, g) for g in range(0, 9))
+    dear = AutoShape(timed=False, c_prior=5.0)  # a draft step dearer than the target's: plain decoding is best
+    assert tree_choice.chain_rate(dear, 8, best=True) == tree_choice.chain_rate(dear, 0) == 1.0

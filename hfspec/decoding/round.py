@@ -45,21 +45,6 @@ round ran as the plain chain (tree "auto" falls back to it where a tree does not
     token_text: str = ""
     chain: bool = False  # tree="auto" ran this round as the plain chain (a tree would not have paid)
 
-    def first_line(self) -> tuple[int, int]:
-        """The tree's line of first children from the root (each node's first-drawn child, or the draft's argmax
-        at T = 0: the chain the tree contains): its length, and how many of it the accepted path kept."""
-        first: dict[int, int] = {}
-        for k, parent in enumerate(self.parents):
-            first.setdefault(parent, k)
-        line, at = [], first.get(-1)
-        while at is not None:
-            line.append(at)
-            at = first.get(at)
-        kept = 0
-        while kept < min(len(line), len(self.path)) and self.path[kept] == line[kept]:
-            kept += 1
-        return len(line), kept
-
 
 @dataclass
 class Verdict:

@@ -11,7 +11,9 @@ this round's draws, so the output law is the target's whichever is taken.
   `verify_prior(γ + 1)`; a tree round costs its root step, its levels at c × `TREE_LEVEL_PRIOR` (an eager
   multi-node call), `verify_prior(n + 1)` for its n nodes and `TREE_ROUND_PRIOR` (the 4-D mask, position ids and
   the walk). The tree's expected tokens come from `plan`, the tree `grow` would build from the acceptance model
-  alone. The round with more expected tokens per unit of cost is taken, so the same seed gives the same text on
+  alone. With a fixed γ the chain is priced at that γ; with γ "auto" at its best γ under the same model (the
+  chain the policy aims at: a policy that has just dropped to γ 0 after a few early rejections is not taken for
+  what the chain can do). The round with more expected tokens per unit of cost is taken, so the same seed gives the same text on
   any load. The choice is remade each of the first `DECIDE_EARLY` rounds, then every `DECIDE_EVERY` rounds (a
   cheap counter in between).
 - **Timed** (no seed): each path's measured tokens per second over this run's rounds (round start to next round
@@ -27,6 +29,7 @@ import time
 from hfspec.decoding.priors import TREE_ROUND_PRIOR, verify_prior
 from hfspec.decoding.tree_shape import AutoShape
 from hfspec.decoding.verifier import RoundState
+from hfspec.validate import AUTO_GAMMA_MAX
 
 DECIDE_EVERY = 4  # seeded: rounds between two choices
 DECIDE_EARLY = 8  # seeded: the first rounds, while the acceptance model moves fastest, each choose anew
@@ -70,13 +73,18 @@ def plan(shape: AutoShape, depth_room: int) -> tuple[float, int, int]:
     return tokens, nodes, levels
 
 
-def chain_rate(shape: AutoShape, gamma: int) -> float:
-    """A chain round of γ: expected tokens per one-token target pass, with the priors (module doc)."""
+def chain_rate(shape: AutoShape, gamma: int, best: bool = False) -> float:
+    """A chain round of γ: expected tokens per one-token target pass, with the priors (module doc). `best`: the
+    most over γ' from 0 to γ instead (the chain a γ "auto" policy aims at)."""
     reach, tokens = 1.0, 1.0
+    rate = 1.0 / verify_prior(1, shape.device, shape.dtype)  # γ 0: plain decoding
     for depth in range(1, gamma + 1):
         reach *= shape.chance(depth, 0)
         tokens += reach
-    return tokens / (gamma * shape.c_prior + verify_prior(gamma + 1, shape.device, shape.dtype))
+        if best or depth == gamma:
+            at = tokens / (depth * shape.c_prior + verify_prior(depth + 1, shape.device, shape.dtype))
+            rate = max(rate, at) if best else at
+    return rate
 
 
 def tree_rate(shape: AutoShape, depth_room: int) -> float:
@@ -90,8 +98,9 @@ class ChainOrTree:
     """Per run: whether the next round of tree="auto" grows a tree (module doc). `use_tree(run)` is asked at the
     start of each round; `ran(tree, tokens)` hears what the round was and how many tokens it gave."""
 
-    def __init__(self, shape: AutoShape):
+    def __init__(self, shape: AutoShape, gamma_auto: bool = False):
         self.shape = shape
+        self.gamma_auto = gamma_auto  # the chain's γ is "auto": compare with the best chain, not this round's γ
         self.rounds = 0
         self._tree = False  # the current choice
         # timed: per path (False: chain, True: tree) decayed tokens, decayed seconds, rounds measured
@@ -106,7 +115,9 @@ class ChainOrTree:
         if not self.shape.timed:
             if self.rounds <= DECIDE_EARLY or self.rounds % DECIDE_EVERY == 1 or DECIDE_EVERY == 1:
                 room = max(0, run.room() - 1)
-                self._tree = tree_rate(self.shape, room) > chain_rate(self.shape, run.gamma())
+                chain = (chain_rate(self.shape, min(AUTO_GAMMA_MAX, room), best=True) if self.gamma_auto
+                         else chain_rate(self.shape, run.gamma()))
+                self._tree = tree_rate(self.shape, room) > chain
             return self._tree
         now = time.perf_counter()
         if self._open is not None and self.rounds > 2:  # the first round holds the prompt: not measured

@@ -64,12 +64,12 @@ class DynamicTree:
     """The token-tree `Verifier` and its per-run state: a fixed `TreeShape`, or `AutoShape` for "auto" (which
     runs a round as the plain chain where a tree does not pay: `choice`, `hfspec.decoding.tree_choice`)."""
 
-    def __init__(self, shape: TreeShape | AutoShape):
+    def __init__(self, shape: TreeShape | AutoShape, gamma_auto: bool = False):
         self.shape = shape
         # live acceptance by depth and rank: orders candidates at T > 0 (a first-drawn child is the likeliest
         # to be accepted, whatever its q), and, with "auto", sizes the tree
         self.acceptance = shape if isinstance(shape, AutoShape) else AutoShape(timed=False, c_prior=0.2)
-        self.choice = ChainOrTree(shape) if isinstance(shape, AutoShape) else None
+        self.choice = ChainOrTree(shape, gamma_auto) if isinstance(shape, AutoShape) else None
 
     @property
     def auto(self) -> bool:
@@ -331,11 +331,12 @@ def dynamic_round(run: RoundState, tree: DynamicTree) -> tuple[Proposal, Verdict
     return proposal, verdict
 
 
-def make_tree(tree, seeded: bool, c_prior: float, device: str = "cpu", dtype: str = "float32"
-              ) -> DynamicTree | None:
-    """The run's `DynamicTree` for a `tree` argument ("auto" or a `TreeShape`); None for the other values."""
+def make_tree(tree, seeded: bool, c_prior: float, device: str = "cpu", dtype: str = "float32",
+              gamma_auto: bool = False) -> DynamicTree | None:
+    """The run's `DynamicTree` for a `tree` argument ("auto" or a `TreeShape`); None for the other values.
+    `gamma_auto`: the run's γ is "auto" (tree "auto" then weighs a tree against the best chain)."""
     if isinstance(tree, TreeShape):
         return DynamicTree(tree)
     if tree == "auto":
-        return DynamicTree(AutoShape(timed=not seeded, c_prior=c_prior, device=device, dtype=dtype))
+        return DynamicTree(AutoShape(timed=not seeded, c_prior=c_prior, device=device, dtype=dtype), gamma_auto)
     return None
