@@ -14,12 +14,12 @@ this round's draws, so the output law is the target's whichever is taken.
   alone. With a fixed γ the chain is priced at that γ; with γ "auto" at its best γ under the same model (the
   chain the policy aims at: a policy that has just dropped to γ 0 after a few early rejections is not taken for
   what the chain can do). The round with more expected tokens per unit of cost is taken, so the same seed gives the same text on
-  any load. The choice is remade each of the first `DECIDE_EARLY` rounds, then every `DECIDE_EVERY` rounds (a
-  cheap counter in between).
+  any load. The first round (with the prompt) runs as the chain; the choice is remade each of the next rounds
+  up to `DECIDE_EARLY`, then every `DECIDE_EVERY` rounds (a cheap counter in between).
 - **Timed** (no seed): each path's measured tokens per second over this run's rounds (round start to next round
   start, decayed), after `MIN_MEASURED` measured rounds of each; the slower path is tried again after
   `PROBE_FIRST` rounds, then after twice as many each time it stays slower (up to `PROBE_MAX`), and after
-`PROBE_FIRST` again once the faster path changes.
+  `PROBE_FIRST` again once the faster path changes.
 """
 
 from __future__ import annotations
@@ -113,6 +113,8 @@ class ChainOrTree:
         reads the chain's γ (`run.gamma()`, the γ policy's) and the length budget only when it is remade."""
         self.rounds += 1
         if not self.shape.timed:
+            if self.rounds == 1:  # the prompt's round runs as the chain: the acceptance model has no evidence yet
+                return False
             if self.rounds <= DECIDE_EARLY or self.rounds % DECIDE_EVERY == 1 or DECIDE_EVERY == 1:
                 room = max(0, run.room() - 1)
                 chain = (chain_rate(self.shape, min(AUTO_GAMMA_MAX, room), best=True) if self.gamma_auto
