@@ -13,8 +13,8 @@ this round's draws, so the output law is the target's whichever is taken.
   the walk). The tree's expected tokens come from `plan`, the tree `grow` would build from the acceptance model
   alone. With a fixed γ the chain is priced at that γ; with γ "auto" at its best γ under the same model (the
   chain the policy aims at: a policy that has just dropped to γ 0 after a few early rejections is not taken for
-  what the chain can do). The round with more expected tokens per unit of cost is taken, so the same seed gives the same text on
-  any load. The first round (with the prompt) runs as the chain; the choice is remade each of the next rounds
+  what the chain can do). A tree is grown when it promises `TREE_MARGIN` (10 %) more expected tokens per unit
+  of cost than the chain; nothing here reads the clock, so the same seed gives the same text on any load. The first round (with the prompt) runs as the chain; the choice is remade each of the next rounds
   up to `DECIDE_EARLY`, then every `DECIDE_EVERY` rounds (a cheap counter in between).
 - **Timed** (no seed): each path's measured tokens per second over this run's rounds (round start to next round
   start, decayed), after `MIN_MEASURED` measured rounds of each; the slower path is tried again after
@@ -36,6 +36,10 @@ DECIDE_EARLY = 8  # seeded: the first rounds, while the acceptance model moves f
 MIN_MEASURED = 2  # timed: measured rounds of each path before choosing by their rates
 PROBE_FIRST, PROBE_MAX = 8, 64  # timed: rounds before the slower path is tried again, first and at most
 DECAY = 0.9  # timed: weight of a path's earlier rounds in its rate
+# seeded: how much more a tree must promise than the chain (tokens per unit of cost) to be grown. Its two priors
+# are inferred rather than timed on their own (`TREE_LEVEL_PRIOR`, `TREE_ROUND_PRIOR`), the chain's verify curve is
+# measured, and a wrong choice of a tree costs more than one of the chain: where they are close, the chain.
+TREE_MARGIN = 0.1
 
 
 def plan(shape: AutoShape, depth_room: int) -> tuple[float, int, int]:
@@ -119,7 +123,7 @@ class ChainOrTree:
                 room = max(0, run.room() - 1)
                 chain = (chain_rate(self.shape, min(AUTO_GAMMA_MAX, room), best=True) if self.gamma_auto
                          else chain_rate(self.shape, run.gamma()))
-                self._tree = tree_rate(self.shape, room) > chain
+                self._tree = tree_rate(self.shape, room) > (1 + TREE_MARGIN) * chain
             return self._tree
         now = time.perf_counter()
         if self._open is not None and self.rounds > 2:  # the first round holds the prompt: not measured
