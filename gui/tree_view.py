@@ -136,7 +136,9 @@ class TreeView(QWidget):
         item.getAxis("bottom").setTicks([[(d, str(d)) for d in range(int(depth) + 1)]])
         item.setYRange(low - 0.6, 1.2, padding=0)
         which = f"pass {self.pass_number}" if self.pass_number else "the last pass"
-        title = (f"Token tree of {which}: {len(kinds) - 2} drafted, {kinds.count('accepted')} accepted, "
+        shape = ("Chain (tree \"auto\" fell back: a tree would not have paid)" if getattr(self.tree, "chain", False)
+                 else "Token tree")
+        title = (f"{shape} of {which}: {len(kinds) - 2} drafted, {kinds.count('accepted')} accepted, "
                  f"{kinds[-1]}" if kinds else TITLE)
         self.plot.plot_title = title
         item.setTitle(title, size="10pt", color=fg)

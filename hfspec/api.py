@@ -226,7 +226,7 @@ def _verifier(request: Request, stats: SpecStats, device) -> Verifier:
     """The run's verifier: sibling leaves (`tree` 2..8), a token tree ("auto" or a `TreeShape`), or the chain. With
     a seed, "auto" sizes the tree from priors fixed before decoding, never from this run's timings (like γ "auto")."""
     dynamic = make_tree(request.tree, request.seed is not None, _c_prior(stats, device), torch.device(device).type,
-                        stats.target_dtype)
+                        stats.target_dtype, request.gamma == "auto")
     if dynamic is not None:
         return dynamic
     return Tree(request.tree) if isinstance(request.tree, int) and request.tree > 1 else Chain()

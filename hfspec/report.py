@@ -55,6 +55,8 @@ def stats_lines(stats: SpecStats, baseline=None, measured_speedup: float | None 
         *([f"tree leaves              {s.tree_leaves} scored, {s.tree_kept} siblings kept "
            f"({s.tree_kept / s.tree_leaves:.0%} of leaves, {s.tree_kept / max(1, s.target_passes):.2f} per pass)"]
           if s.tree_leaves else []),
+        *([f"tree rounds              {s.tree_rounds} grown as trees, {s.chain_rounds} run as the chain "
+           f"(tree \"auto\" falls back where a tree does not pay)"] if s.chain_rounds else []),
         f"c (time)                 {s.c_time:.3f}  (mean draft forward / mean target forward, measured)",
         f"c (bytes)                {s.c_bytes:.3f}  ({s.draft_bytes / 1e6:.2f} MB / {s.target_bytes / 1e6:.2f} MB)",
         (f"predicted speed-up       {predicted_speedup(s, measurement):.2f}× (cost model: {_source(s, measurement)})"

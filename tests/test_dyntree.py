@@ -351,7 +351,7 @@ def test_each_round_and_the_last_live_snapshot_carry_the_tree_it_grew(temperatur
     from hfspec.live import IncrementalDecoder, LiveRecorder
 
     target = build("llama", init=0.2)
-    draft = perturbed(target, scale=0.6)
+    draft = perturbed(target, scale=0.3)  # close enough that some greedy rounds keep a path (rounds may be chains)
     snapshots, events = [], []
     recorder = LiveRecorder(IncrementalDecoder(None, IDS[0].tolist()), snapshots.append)
 

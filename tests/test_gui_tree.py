@@ -99,6 +99,15 @@ def test_layout_puts_parents_before_children_and_branches_on_their_own_rows(qtbo
     assert sorted(view.path_edges.xData) == [0, 1, 1, 2] and list(view.final_edge.xData) == [2, 3]
 
 
+def test_a_pass_that_tree_auto_ran_as_the_chain_is_titled_as_a_chain(qtbot):
+    view = TreeView()
+    qtbot.addWidget(view)
+    view.show_tree(RoundTree((5, 6, 7), (-1, 0, 1), (1, 2, 3), (0,), 9, "resampled", chain=True), 4)
+    assert view.plot.plot_title.startswith("Chain (tree \"auto\" fell back") and "pass 4" in view.plot.plot_title
+    view.show_tree(RoundTree((5, 6), (-1, -1), (1, 1), (1,), 9, "bonus"), 5)
+    assert view.plot.plot_title.startswith("Token tree of pass 5")
+
+
 def test_a_tree_auto_run_draws_the_last_pass_tree_with_its_committed_path(qtbot, window):
     c = window.controls
     assert c.choose_preset("micro-tree")

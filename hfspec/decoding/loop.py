@@ -172,10 +172,14 @@ def _report(run: Run, proposal: Proposal, verdict: Verdict, done: Committed) -> 
     if job.streamer is not None and done.tokens[0]:
         job.streamer.put(run.input_ids.new_tensor(done.tokens[0]).cpu())
     stats.record_round(gamma, done.accepted, done.checked, [len(t) for t in done.tokens], run.active)
-    job.policy.observe(done.accepted, done.checked)  # an early exit learns which positions were accepted
+    # A token tree's round is not a chain of γ: the γ policy (which sizes tree "auto"'s chain rounds) learns from
+    # chain rounds only, as in a chain's run.
+    tree_round = verdict.tree is not None and not verdict.tree.chain
+    if not tree_round:
+        job.policy.observe(done.accepted, done.checked)  # an early exit learns which positions were accepted
     # A round where the draft had nothing to propose (prompt lookup without a match) says nothing about α or
     # c, and is not the policy choosing plain decoding: the policy does not learn from it.
-    if run.speculative and not (proposal.asked > 0 and gamma == 0):
+    if run.speculative and not tree_round and not (proposal.asked > 0 and gamma == 0):
         seconds, forwards = proposal.draft_clock
         d_step = (run.draft.seconds - seconds) / max(1, run.draft.forwards - forwards)
         job.policy.update(gamma, sum(done.accepted), sum(done.checked), d_step, verdict.target_seconds)

@@ -89,3 +89,24 @@ def prior_model(c: float, device: str = "cpu", dtype: str = "float32") -> CostMo
     return PriorModel(step=1.0, verify_a=1.0 - s, verify_b=s, draft_a=0.0, draft_b=max(0.0, c), draft_zero=0.0,
                       other_a=0.0, other_b=0.0, plain_other=0.0, source="prior fixed before decoding",
                       device=device, dtype=dtype)
+
+
+# A token tree's round against the chain's, before a run has timed any: what a seeded tree="auto" prices a tree
+# round with when it chooses between growing a tree and running the round as the chain (`hfspec.decoding.tree_choice`).
+# A tree level is one eager draft call over several nodes (tree mask, explicit positions), where the chain's step
+# takes one token and may be compiled: `TREE_LEVEL_PRIOR` is a level's cost over the chain's draft step. A tree
+# round also builds a 4-D mask and position ids for its verify pass and walks the tree in Python:
+# `TREE_ROUND_PRIOR`, in one-token target passes per round, on top of the verify pass `verify_prior(n)` prices.
+# Not timed on their own: inferred from the 2 December 2026 rows of
+# benchmarks/results/epyc-2c-2026-12-02-results-readme.json (SmolLM2-135M off the grid, quiet 2-core EPYC): per
+# draft forward, the tree runs took 1.20–1.28× the chain's time with gptq4-compiled and 1.00–1.08× with int8, and a
+# tree's forwards mix one single-token root step per round with its levels, so a level costs about 1.3× a compiled
+# step and 1.1× an eager one; at equal tokens per pass (gptq4-compiled, fp32, T = 0: 3.37 for both) a tree round
+# cost about 0.19 target passes more than a chain round, of which its levels explain about 0.13.
+TREE_LEVEL_PRIOR = {"compiled": 1.3, "eager": 1.1}
+TREE_ROUND_PRIOR = 0.06
+
+
+def tree_level_prior(compiled: bool) -> float:
+    """A token-tree draft level's cost over the chain's draft step (`TREE_LEVEL_PRIOR`), fixed before decoding."""
+    return TREE_LEVEL_PRIOR["compiled" if compiled else "eager"]

@@ -32,7 +32,8 @@ class RoundTree:
     its parent `parents[k]` (−1: the root, the last committed token; a parent precedes its children) and its
     `depths[k]` (1 under the root). `path`: the accepted nodes, from the root down; `token`: the target's own
     token after them, of `kind` "bonus" (the path ends at a node without children) or "resampled". `texts` and
-    `token_text`: the tokens decoded one by one, filled by a live recorder (`hfspec.live`); empty here."""
+    `token_text`: the tokens decoded one by one, filled by a live recorder (`hfspec.live`); empty here. `chain`: the
+round ran as the plain chain (tree "auto" falls back to it where a tree does not pay): one child per node."""
 
     tokens: tuple[int, ...]
     parents: tuple[int, ...]
@@ -42,6 +43,7 @@ class RoundTree:
     kind: str
     texts: tuple[str, ...] = ()
     token_text: str = ""
+    chain: bool = False  # tree="auto" ran this round as the plain chain (a tree would not have paid)
 
 
 @dataclass

@@ -84,6 +84,8 @@ class SpecStats:
     positions_fed_draft: int = 0
     tree_leaves: int = 0  # tree speculation: sibling leaves the target scored, and siblings it kept
     tree_kept: int = 0
+    tree_rounds: int = 0  # token trees: rounds grown as a tree, and (tree "auto") rounds run as the plain chain
+    chain_rounds: int = 0
     time_draft: float = 0.0
     time_target: float = 0.0
     time_total: float = 0.0
@@ -221,7 +223,7 @@ class SpecStats:
         out = SpecStats(gamma=self.gamma if self.gamma == other.gamma else "mixed", batch_size=self.batch_size)
         for name in ("target_passes", "row_passes", "draft_forwards", "proposed", "checked", "accepted",
                      "new_tokens", "positions_fed_target", "positions_fed_draft", "time_draft", "time_target",
-                     "time_total", "tree_leaves", "tree_kept"):
+                     "time_total", "tree_leaves", "tree_kept", "tree_rounds", "chain_rounds"):
             setattr(out, name, getattr(self, name) + getattr(other, name))
         for name in ("accepted_by_position", "checked_by_position", "accepted_length_hist"):
             a, b = getattr(self, name), getattr(other, name)

@@ -4,15 +4,16 @@ Shape (`TreeShape`, or `tree="auto"`): with "auto" (`AutoShape`) a candidate nod
 estimated chance to be accepted (its cumulative draft probability times the live acceptance ratio at its depth
 and rank) is worth the marginal cost of one more verify position, and a level is drafted when its expected
 tokens are worth a draft level: both costs in units of a one-token target pass, from this run's timings, or,
-with a seed, from priors fixed before decoding (the draft's bytes ratio and a per-device verify slope), so a
-seed gives the same text on any load. Where no branch pays, the tree is a chain.
+with a seed, from priors fixed before decoding (the draft's bytes ratio times a tree level's prior over a draft
+step, and a per-device verify slope), so a seed gives the same text on any load. Where no branch pays, the tree is
+a chain; where no tree pays, "auto" runs the round as the plain chain (`hfspec.decoding.tree_choice`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hfspec.decoding.priors import verify_slope_prior
+from hfspec.decoding.priors import tree_level_prior, verify_slope_prior
 from hfspec.validate import bad_value
 
 NODES_MAX, DEPTH_MAX, BRANCH_MAX, WIDTH_MAX = 64, 12, 8, 16
@@ -56,7 +57,9 @@ class AutoShape:
     def __init__(self, timed: bool, c_prior: float, device: str = "cpu", dtype: str = "float32"):
         self.timed = timed
         self.c_prior = c_prior if c_prior > 0 else 0.2
+        self.device, self.dtype = device, dtype
         self.slope_prior = verify_slope_prior(device, dtype, "tree")  # seeded runs: fixed before decoding
+        self.level_factor = tree_level_prior(compiled=False)  # a level over a draft step (`DynamicTree.check` sets it)
         self.limits = TreeShape(NODES_MAX, DEPTH_MAX, BRANCH_MAX, 8)
         self.tried: dict[tuple[int, int], float] = {}
         self.accepted: dict[tuple[int, int], float] = {}
@@ -86,12 +89,18 @@ class AutoShape:
         the priors, so the text never depends on the clock; otherwise this run's fit once it has one."""
         fit = self._fit() if self.timed else None
         if fit is None:
-            return self.slope_prior, self.c_prior
+            return self.slope_prior, self.level_prior
         a, b = fit
         step = a + b
         recent = sorted(self._levels[-64:])
-        level = recent[len(recent) // 2] if recent else self.c_prior * step
+        level = recent[len(recent) // 2] if recent else self.level_prior * step
         return max(0.0, b / step), level / step
+
+    @property
+    def level_prior(self) -> float:
+        """A draft level's cost in one-token target passes, fixed before decoding: a draft step's prior (the bytes
+        ratio) times `level_factor` (an eager multi-node call against the chain's step, `TREE_LEVEL_PRIOR`)."""
+        return self.c_prior * self.level_factor
 
     def chance(self, depth: int, rank: int) -> float:
         r = min(rank, BRANCH_MAX)
@@ -130,3 +139,18 @@ class AutoShape:
         if self.timed:
             self._verify.append((positions, verify_seconds))
             self._levels.extend(level_seconds)
+
+    def observe_chain(self, gamma: int, accepted: int) -> None:
+        """After a round run as the chain: its draft tokens are first children (the draft's one draw, or its
+        argmax, at each depth), so they count for chance(d, 0); the run's rate hears of the round too."""
+        for depth in range(1, min(accepted + 1, gamma) + 1):
+            key = (min(depth, DEPTH_MAX), 0)
+            hit = 1.0 if depth <= accepted else 0.0
+            self.tried[key] = self.tried.get(key, 0.0) + 1.0
+            self.tried_rank[0] = self.tried_rank.get(0, 0.0) + 1.0
+            self.accepted[key] = self.accepted.get(key, 0.0) + hit
+            self.accepted_rank[0] = self.accepted_rank.get(0, 0.0) + hit
+        s = self.costs()[0]
+        decay = 0.9
+        self.tokens = decay * self.tokens + accepted + 1
+        self.units = decay * self.units + 1 + (s + self.c_prior) * gamma

@@ -17,7 +17,8 @@ probabilities), the parent's cumulative probability and other nodes, never from 
 by a drawn child's own probability would bias the rule (a test shows it). Afterwards the target's cache holds
 exactly the accepted path (`hfspec.kernels.cache.keep_positions`), and so does the draft's (the path's nodes it decoded).
 
-Shape: `hfspec.decoding.tree_shape` (a fixed `TreeShape`, or `tree="auto"`).
+Shape: `hfspec.decoding.tree_shape` (a fixed `TreeShape`, or `tree="auto"`). With "auto" each round may instead run
+as the plain chain, where a tree would not pay (`hfspec.decoding.tree_choice`).
 
 Batch size 1; targets and drafts whose forward takes `position_ids` with full attention (sliding-window models
 are refused); model drafts only (not prompt lookup or a self-draft sharing the target's cache).
@@ -30,9 +31,12 @@ from dataclasses import dataclass
 
 import torch
 
+from hfspec.decoding.chain import propose, verify_chain
+from hfspec.decoding.priors import tree_level_prior
 from hfspec.decoding.round import Proposal, RoundTree, Verdict, history_groups
 from hfspec.decoding.sampling import draw_without_replacement, sample, verify_children
 from hfspec.decoding.siblings import check_tree_target
+from hfspec.decoding.tree_choice import ChainOrTree
 from hfspec.decoding.tree_forward import feed_token_tree, forward_level, keep_cached
 from hfspec.decoding.tree_shape import AutoShape, TreeShape
 from hfspec.decoding.verifier import RoundState
@@ -57,13 +61,15 @@ class _Node:
 
 
 class DynamicTree:
-    """The token-tree `Verifier` and its per-run state: a fixed `TreeShape`, or `AutoShape` for "auto"."""
+    """The token-tree `Verifier` and its per-run state: a fixed `TreeShape`, or `AutoShape` for "auto" (which
+    runs a round as the plain chain where a tree does not pay: `choice`, `hfspec.decoding.tree_choice`)."""
 
-    def __init__(self, shape: TreeShape | AutoShape):
+    def __init__(self, shape: TreeShape | AutoShape, gamma_auto: bool = False):
         self.shape = shape
         # live acceptance by depth and rank: orders candidates at T > 0 (a first-drawn child is the likeliest
         # to be accepted, whatever its q), and, with "auto", sizes the tree
         self.acceptance = shape if isinstance(shape, AutoShape) else AutoShape(timed=False, c_prior=0.2)
+        self.choice = ChainOrTree(shape, gamma_auto) if isinstance(shape, AutoShape) else None
 
     @property
     def auto(self) -> bool:
@@ -71,9 +77,33 @@ class DynamicTree:
 
     def check(self, target, run: RoundState) -> None:
         check_dynamic_tree(target, run.target, run.draft)
+        if self.auto:  # a level is an eager multi-node call: dearer than a compiled chain step
+            compiled = getattr(run.draft.runner, "compiled_step", None) is not None
+            self.shape.level_factor = tree_level_prior(compiled)
 
     def propose_and_verify(self, run: RoundState) -> tuple[Proposal, Verdict]:
-        return dynamic_round(run, self)
+        if self.choice is not None and not self.choice.use_tree(run):
+            return chain_round(run, self)
+        proposal, verdict = dynamic_round(run, self)
+        run.stats.tree_rounds += 1
+        if self.choice is not None:
+            self.choice.ran(True, len(verdict.tree.path) + 1)
+        return proposal, verdict
+
+
+def chain_round(run: RoundState, tree: DynamicTree) -> tuple[Proposal, Verdict]:
+    """A round of tree="auto" run as the plain chain (`hfspec.decoding.chain`'s own propose and verify, γ from the
+    run's γ policy); the acceptance model hears of it, and the round's record shows it as a one-branch tree."""
+    proposal = propose(run)
+    verdict = verify_chain(run, proposal)
+    n, gamma = int(verdict.n[0]), proposal.gamma
+    tree.shape.observe_chain(gamma, n)
+    tree.choice.ran(False, n + 1)
+    run.stats.chain_rounds += 1
+    verdict.tree = RoundTree(tuple(proposal.x[0].tolist()), tuple(range(-1, gamma - 1)), tuple(range(1, gamma + 1)),
+                             tuple(range(n)), int(verdict.token[0]), "bonus" if n == gamma else "resampled",
+                             chain=True)
+    return proposal, verdict
 
 
 def check_dynamic_tree(target, runner, draft) -> None:
@@ -301,11 +331,12 @@ def dynamic_round(run: RoundState, tree: DynamicTree) -> tuple[Proposal, Verdict
     return proposal, verdict
 
 
-def make_tree(tree, seeded: bool, c_prior: float, device: str = "cpu", dtype: str = "float32"
-              ) -> DynamicTree | None:
-    """The run's `DynamicTree` for a `tree` argument ("auto" or a `TreeShape`); None for the other values."""
+def make_tree(tree, seeded: bool, c_prior: float, device: str = "cpu", dtype: str = "float32",
+              gamma_auto: bool = False) -> DynamicTree | None:
+    """The run's `DynamicTree` for a `tree` argument ("auto" or a `TreeShape`); None for the other values.
+    `gamma_auto`: the run's γ is "auto" (tree "auto" then weighs a tree against the best chain)."""
     if isinstance(tree, TreeShape):
         return DynamicTree(tree)
     if tree == "auto":
-        return DynamicTree(AutoShape(timed=not seeded, c_prior=c_prior, device=device, dtype=dtype))
+        return DynamicTree(AutoShape(timed=not seeded, c_prior=c_prior, device=device, dtype=dtype), gamma_auto)
     return None
