@@ -30,6 +30,7 @@ import bench_scale  # noqa: E402
 import common  # noqa: E402
 
 from hfspec.drafts import calibrated, make_draft  # noqa: E402
+from hfspec.quant.calibrate import Calibration  # noqa: E402
 
 SHAPE_PREFIX = "shape:"
 
@@ -46,14 +47,14 @@ def target_of(case: str, models: dict[str, Path]):
     return common.load(models[case], "float32")[0]
 
 
-def build(target, spec: str, folder: Path) -> tuple[float, list[tuple[float, str]], object]:
+def build(target, spec: str, folder: Path, settings: Calibration) -> tuple[float, list[tuple[float, str]], object]:
     """(seconds, [(seconds since start, message)], draft) of one build with the cache in `folder`."""
     saved = calibrated.CALIBRATION_DIR
     calibrated.CALIBRATION_DIR = folder
     messages: list[tuple[float, str]] = []
     watch = common.Stopwatch()
     try:
-        draft = make_draft(target, spec, progress=lambda m: messages.append((watch.seconds, m)))
+        draft = make_draft(target, spec, progress=lambda m: messages.append((watch.seconds, m)), calibration=settings)
     finally:
         calibrated.CALIBRATION_DIR = saved
     return watch.seconds, messages, draft
@@ -75,13 +76,15 @@ def main() -> None:
     p.add_argument("--cases", default="smollm2-offgrid,shape:smollm2-1.7b",
                    help="model names (as in the other benchmarks) or shape:NAME (random weights)")
     p.add_argument("--spec", default="gptq4")
+    p.add_argument("--sequences", type=int, default=Calibration.sequences,
+                   help=f"self-sampled calibration sequences (default {Calibration.sequences})")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     models = {name: path for name, path in common.PAIRS.items() if (path / "config.json").exists()}
     lines = [f"{common.machine_name()}, {args.threads} threads, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, "
-             f"draft {args.spec}, load at start {os.getloadavg()[0]:.1f}", "",
+             f"draft {args.spec}, {args.sequences} × {Calibration.tokens} calibration tokens, load at start {os.getloadavg()[0]:.1f}", "",
              "| target | parameters | first build s | sampled at s | quantised at s | cached build s | peak RSS GiB |",
              "|---|---|---|---|---|---|---|"]
     rows = []
@@ -90,9 +93,10 @@ def main() -> None:
         target = target_of(case, models)
         params = sum(t.numel() for t in target.parameters())
         with tempfile.TemporaryDirectory(prefix="hfspec-calib-") as folder:
-            first, messages, draft = build(target, args.spec, Path(folder))
+            settings = Calibration(sequences=args.sequences)
+            first, messages, draft = build(target, args.spec, Path(folder), settings)
             del draft
-            again, _, draft = build(target, args.spec, Path(folder))
+            again, _, draft = build(target, args.spec, Path(folder), settings)
             del draft
         peak = bench_scale._memory("VmHWM") / 2**30
         ph = phases(messages)

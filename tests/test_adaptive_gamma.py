@@ -239,3 +239,26 @@ def test_auto_gamma_text_depends_on_the_seed_not_on_timing(monkeypatch, arch, ea
     assert all(r.stats.gamma_per_round == runs[0].stats.gamma_per_round for r in runs)
     assert len(set(runs[0].stats.gamma_per_round)) > 2, "γ still moves with α"
     assert not torch.equal(generate(22, 1).sequences, runs[0].sequences), "another seed, another text"
+
+
+@pytest.mark.parametrize("timed", [False, True])
+def test_a_burst_of_rejections_does_not_stop_drafting_while_the_run_accepts(timed):
+    """Greedy acceptance comes in bursts: after 20 rounds at α ≈ 0.85, six rounds with nothing accepted must not
+    send a seeded (frozen) or live policy to plain decoding; a run whose whole α is low does stop (control)."""
+    from hfspec.decoding.priors import prior_model
+
+    def run(pattern):
+        policy = AdaptiveGamma(c_prior=0.156, timed=timed, profile=prior_model(0.156, "cpu", "float32"))
+        chosen = []
+        for accepted_share in pattern:
+            g = policy.next()
+            chosen.append(g)
+            n = round(g * accepted_share)
+            policy.update(g, n, min(g, n + 1) if n < g else g, 0.156, 1.0)
+        return chosen
+    first = run([0.0] * 2 + [0.85] * 20)
+    assert 0 not in first, first  # a rejected first round or two: no evidence yet
+    dip = run([0.85] * 12 + [0.0] * 10 + [0.85] * 4)
+    assert 0 not in dip, dip
+    low = run([0.1] * 30)
+    assert 0 in low, low

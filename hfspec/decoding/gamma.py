@@ -33,6 +33,8 @@ DEFAULT_C = 0.2  # c when nothing better is known (e.g. a draft with no weights,
 WINDOW = 24  # rounds whose timings the live policy reads
 OUTLIER = 3.0  # a round's part costing over this × the window's median for that part is left out of the model
 MIN_CLEAN = 4  # clean live measurements before the live policy may decode plainly (γ 0)
+RUN_EVIDENCE = 16  # drafted tokens checked in this run before a low α alone may stop drafting (γ 0)
+THIN_ALPHA = 0.7  # the α γ 0 is judged at until then: a draft that cannot pay even at this α stops at once
 
 
 @runtime_checkable
@@ -87,7 +89,12 @@ class AdaptiveGamma(GammaPolicy):
     (round 1 includes the prompt, so round 2 gives the first), the prior only until the first one: a lean
     draft's time ratio can be far from its bytes ratio either way.
     When no γ ≥ 1 is expected to beat plain decoding (e.g. a draft that is not really cheaper), it decodes
-    plainly (γ = 0) and probes with γ = 1 every `probe_every` rounds to keep α (and, live, c) fresh.
+    plainly (γ = 0) and probes with γ = 1 every `probe_every` rounds to keep α (and, live, c) fresh. A dip in
+    the recent α alone never stops drafting: before `RUN_EVIDENCE` checked tokens in this run, γ 0 is judged at
+    α ≥ `THIN_ALPHA` (so only a draft too dear to pay at any fair α stops at once), and after them the run's whole
+    α must say that no γ pays too. Greedy acceptance comes in bursts; on
+    SmolLM2 off the grid (gptq4-compiled, fp32, seeded) one rejected first round had sent a run whose α was 0.84
+    to plain decoding for 8 of its 37 rounds, and a dip after 12 good rounds a token-tree run for 24 of 50.
     """
 
     MIN_MODEL_ROUNDS = 3
@@ -103,6 +110,7 @@ class AdaptiveGamma(GammaPolicy):
         self.probe_every = probe_every
         self.label = "auto"
         self._accepted, self._checked = 1.0, 2.0
+        self._run_accepted, self._run_checked = 0, 0  # the whole run's counts, not decayed
         self._prior = c_prior if c_prior > 0 else DEFAULT_C
         self._ratios: deque[float] = deque(maxlen=window)
         self._window = _Window(window) if self.costs is not None else None
@@ -135,11 +143,20 @@ class AdaptiveGamma(GammaPolicy):
             self._gamma = 1 if self._plain_rounds >= self.probe_every else 0
             return
         self._plain_rounds = 0
+        self._run_accepted, self._run_checked = self._run_accepted + accepted, self._run_checked + checked
         self._accepted = self.decay * self._accepted + accepted
         self._checked = self.decay * self._checked + checked
         self._gamma = self._choose(min(self.alpha, 0.999))
 
     def _choose(self, alpha: float) -> int:
+        best = self._best(alpha)
+        if best == 0 and self._run_checked < RUN_EVIDENCE:  # a few rejections are no evidence yet
+            best = self._best(max(alpha, THIN_ALPHA))
+        elif best == 0:  # a recent dip: does the whole run say drafts pay?
+            best = self._best(min(self._run_accepted / self._run_checked, 0.999))
+        return best
+
+    def _best(self, alpha: float) -> int:
         model, clean = self._model()
         if model is not None:
             best = best_gamma(model, Acceptance(alpha), self.gamma_max)[0]
