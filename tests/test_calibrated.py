@@ -346,3 +346,24 @@ def test_streamed_calibration_gives_the_whole_model_hessians_codes(arch, held, m
     assert all("forward" not in block.__dict__ for block in layers[1]), "the real forwards are back"
     last = [n for n in layer_names if n.startswith(f"{layers[0]}.{len(layers[1]) - 1}.")]
     assert any(not torch.equal(whole[n].q, sequential[n].q) for n in last), "the quantised stream must differ"
+
+
+def test_refit_grid_keeps_the_grid_where_the_system_is_singular_or_not_finite():
+    """A group no input reaches (H's rows and columns 0, no dampening) leaves its scale and zero undetermined:
+    they stay GPTQ's, finite, while the other group's move. A non-finite Hessian entry poisons every row's
+    system: the whole grid stays."""
+    x = _correlated(k=64)
+    w = torch.randn(8, 64, generator=torch.Generator().manual_seed(4)) * 0.05
+    h = gptq.hessian_update(None, x)
+    q, s, z = gptq.gptq_quantize(w, h, 4, 32, act_order=True)
+    dead = h.clone()
+    dead[:32], dead[:, :32] = 0.0, 0.0
+    s2, z2 = gptq.refit_grid(w, dead, q, s, z, 32, damp=0.0)
+    assert torch.isfinite(s2.float()).all() and torch.isfinite(z2.float()).all()
+    moved = ~(torch.eq(s2[:, 1], s[:, 1]) & torch.eq(z2[:, 1], z[:, 1]))
+    assert bool(moved.any()), "the reached group's grid moves"
+    assert torch.equal(s2[moved, 0], s[moved, 0]) and torch.equal(z2[moved, 0], z[moved, 0])
+    poisoned = h.clone()
+    poisoned[5, 7] = float("nan")
+    s3, z3 = gptq.refit_grid(w, poisoned, q, s, z, 32)
+    assert torch.equal(s3, s) and torch.equal(z3, z)

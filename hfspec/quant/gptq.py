@@ -197,10 +197,13 @@ def refit_grid(w: torch.Tensor, h: torch.Tensor, q: torch.Tensor, scale: torch.T
         m = torch.cat([torch.cat([m11, m21.transpose(1, 2)], 2), torch.cat([m21, m22.float().expand(r1 - r0, -1, -1)], 2)],
                       1).double()
         rhs = torch.cat([(qc * hw[r0:r1]).sum(-1), hw[r0:r1].sum(-1)], 1).double()
-        ridge = 1e-9 * m.diagonal(dim1=1, dim2=2).abs().mean(1, keepdim=True)  # a constant-code group stays solvable
         old = torch.cat([scale[r0:r1].double(), zero[r0:r1].double()], 1)
-        theta = torch.linalg.solve(m + ridge[:, :, None] * torch.eye(2 * groups, dtype=torch.float64),
-                                   (rhs + ridge * old)[..., None])[..., 0]
+        finite = torch.isfinite(m).all(2).all(1) & torch.isfinite(rhs).all(1)
+        eye = torch.eye(2 * groups, dtype=torch.float64)
+        m, rhs = torch.where(finite[:, None, None], m, eye), torch.where(finite[:, None], rhs, old)
+        ridge = 1e-9 * m.diagonal(dim1=1, dim2=2).abs().mean(1, keepdim=True) + 1e-30  # a constant-code group
+        theta, info = torch.linalg.solve_ex(m + ridge[:, :, None] * eye, (rhs + ridge * old)[..., None])
+        theta = torch.where((finite & (info == 0))[:, None], theta[..., 0], old)  # singular: the grid stays
         new_scale, new_zero = theta[:, :groups].clamp(-65504, 65504).half(), theta[:, groups:].clamp(-65504, 65504).half()
         ok = (torch.isfinite(theta).all(1) & (theta[:, :groups] > 0).all(1) & (theta.abs() < 65504).all(1)
               & (_row_errors(w[r0:r1], q[r0:r1], new_scale, new_zero, hf[:k, :k], group_size)
