@@ -202,8 +202,13 @@ def refit_grid(w: torch.Tensor, h: torch.Tensor, q: torch.Tensor, scale: torch.T
         eye = torch.eye(2 * groups, dtype=torch.float64)
         m, rhs = torch.where(finite[:, None, None], m, eye), torch.where(finite[:, None], rhs, old)
         ridge = 1e-9 * m.diagonal(dim1=1, dim2=2).abs().mean(1, keepdim=True) + 1e-30  # a constant-code group
-        theta, info = torch.linalg.solve_ex(m + ridge[:, :, None] * eye, (rhs + ridge * old)[..., None])
-        theta = torch.where((finite & (info == 0))[:, None], theta[..., 0], old)  # singular: the grid stays
+        a, b = m + ridge[:, :, None] * eye, rhs + ridge * old
+        good = finite & (torch.linalg.lu_factor_ex(a).info == 0)  # singular (a zero pivot): the grid stays
+        a, b = torch.where(good[:, None, None], a, eye), torch.where(good[:, None], b, old)
+        try:
+            theta = torch.linalg.solve(a, b[..., None])[..., 0]
+        except RuntimeError:  # LAPACK met a zero pivot after all (values beyond its range): these rows keep theirs
+            theta = old
         new_scale, new_zero = theta[:, :groups].clamp(-65504, 65504).half(), theta[:, groups:].clamp(-65504, 65504).half()
         ok = (torch.isfinite(theta).all(1) & (theta[:, :groups] > 0).all(1) & (theta.abs() < 65504).all(1)
               & (_row_errors(w[r0:r1], q[r0:r1], new_scale, new_zero, hf[:k, :k], group_size)
