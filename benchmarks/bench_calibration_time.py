@@ -54,7 +54,10 @@ def build(target, spec: str, folder: Path, settings: Calibration) -> tuple[float
     messages: list[tuple[float, str]] = []
     watch = common.Stopwatch()
     try:
-        draft = make_draft(target, spec, progress=lambda m: messages.append((watch.seconds, m)), calibration=settings)
+        def say(message: str) -> None:  # kept for the phases, and shown as it happens (a 1.7B build takes long)
+            messages.append((watch.seconds, message))
+            print(f"  {watch.seconds:7.1f} s  {message}", file=sys.stderr, flush=True)
+        draft = make_draft(target, spec, progress=say, calibration=settings)
     finally:
         calibrated.CALIBRATION_DIR = saved
     return watch.seconds, messages, draft
