@@ -198,32 +198,33 @@ def refit_grid(w: torch.Tensor, h: torch.Tensor, q: torch.Tensor, scale: torch.T
                       1).double()
         rhs = torch.cat([(qc * hw[r0:r1]).sum(-1), hw[r0:r1].sum(-1)], 1).double()
         old = torch.cat([scale[r0:r1].double(), zero[r0:r1].double()], 1)
-        finite = torch.isfinite(m).all(2).all(1) & torch.isfinite(rhs).all(1)
+        finite = torch.isfinite(m).flatten(1).all(1) & torch.isfinite(rhs).all(1)
         eye = torch.eye(2 * groups, dtype=torch.float64)
-        m, rhs = torch.where(finite[:, None, None], m, eye), torch.where(finite[:, None], rhs, old)
+        if not bool(finite.all()):  # (the full-size selections only where some row needs them)
+            m, rhs = torch.where(finite[:, None, None], m, eye), torch.where(finite[:, None], rhs, old)
         ridge = 1e-9 * m.diagonal(dim1=1, dim2=2).abs().mean(1, keepdim=True) + 1e-30  # a constant-code group
-        a, b = m + ridge[:, :, None] * eye, rhs + ridge * old
-        good = finite & (torch.linalg.lu_factor_ex(a).info == 0)  # singular (a zero pivot): the grid stays
-        a, b = torch.where(good[:, None, None], a, eye), torch.where(good[:, None], b, old)
+        lu, pivots, info = torch.linalg.lu_factor_ex(m + ridge[:, :, None] * eye)
+        good = finite & (info == 0)  # singular (a zero pivot): the row solves the identity for its old grid
+        b = torch.where(good[:, None], rhs + ridge * old, old)
+        if not bool(good.all()):
+            lu = torch.where(good[:, None, None], lu, eye)
+            pivots = torch.where(good[:, None], pivots, torch.arange(1, 2 * groups + 1, dtype=pivots.dtype))
         try:
-            theta = torch.linalg.solve(a, b[..., None])[..., 0]
+            theta = torch.linalg.lu_solve(lu, pivots, b[..., None])[..., 0]
         except RuntimeError:  # LAPACK met a zero pivot after all (values beyond its range): these rows keep theirs
             theta = old
         new_scale, new_zero = theta[:, :groups].clamp(-65504, 65504).half(), theta[:, groups:].clamp(-65504, 65504).half()
+        rounded = torch.cat([new_scale.double(), new_zero.double()], 1)
         ok = (torch.isfinite(theta).all(1) & (theta[:, :groups] > 0).all(1) & (theta.abs() < 65504).all(1)
-              & (_row_errors(w[r0:r1], q[r0:r1], new_scale, new_zero, hf[:k, :k], group_size)
-                 < _row_errors(w[r0:r1], q[r0:r1], scale[r0:r1], zero[r0:r1], hf[:k, :k], group_size)))
+              & (_row_errors(m, rhs, rounded) < _row_errors(m, rhs, old)))
         scale_out[r0:r1][ok], zero_out[r0:r1][ok] = new_scale[ok], new_zero[ok]
     return scale_out, zero_out
 
 
-def _row_errors(w, q, scale, zero, h, group_size) -> torch.Tensor:
-    """(w_n − ŵ_n)ᵀ H (w_n − ŵ_n) of each row."""
-    k = w.shape[1]
-    s = scale.float().repeat_interleave(group_size, dim=1)[:, :k]
-    z = zero.float().repeat_interleave(group_size, dim=1)[:, :k]
-    d = w.float() - (q.float() * s + z)
-    return ((d @ h) * d).sum(1)
+def _row_errors(m: torch.Tensor, rhs: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    """Each row's output error (w_n − ŵ_n)ᵀ H (w_n − ŵ_n) for the grid θ_n, less the constant w_nᵀ H w_n:
+    θᵀ M θ − 2 θᵀ r from the row's normal equations (M θ = r), so comparing two grids costs (2G)² a row, not K²."""
+    return (theta[:, None, :] @ m @ theta[:, :, None])[:, 0, 0] - 2 * (theta * rhs).sum(1)
 
 
 def output_error(w: torch.Tensor, w_hat: torch.Tensor, h: torch.Tensor) -> float:
