@@ -17,6 +17,7 @@ from hfspec.decoding.priors import tree_level_prior, verify_slope_prior
 from hfspec.validate import bad_value
 
 NODES_MAX, DEPTH_MAX, BRANCH_MAX, WIDTH_MAX = 64, 12, 8, 16
+RATE_DECAY = 0.9  # weight of earlier rounds in the run's tokens per unit of cost (`AutoShape.rate`)
 SHRINK = 4.0  # pseudo-counts pulling a depth/rank's acceptance ratio to the prior while it has little evidence
 
 
@@ -126,16 +127,9 @@ class AutoShape:
             children = nodes[v].children
             nxt = path[at] if at < len(path) else None
             for r, c in enumerate(children):
-                key = (min(nodes[c].depth, DEPTH_MAX), min(r, BRANCH_MAX))
-                self.tried[key] = self.tried.get(key, 0.0) + 1.0
-                self.tried_rank[key[1]] = self.tried_rank.get(key[1], 0.0) + 1.0
-                if c == nxt:
-                    self.accepted[key] = self.accepted.get(key, 0.0) + 1.0
-                    self.accepted_rank[key[1]] = self.accepted_rank.get(key[1], 0.0) + 1.0
+                self._count(nodes[c].depth, r, c == nxt)
         s, c = self.costs()
-        decay = 0.9
-        self.tokens = decay * self.tokens + len(path) + 1
-        self.units = decay * self.units + 1 + s * max(0, positions - 1) + c * levels
+        self._rate(len(path) + 1, 1 + s * max(0, positions - 1) + c * levels)
         if self.timed:
             self._verify.append((positions, verify_seconds))
             self._levels.extend(level_seconds)
@@ -144,13 +138,19 @@ class AutoShape:
         """After a round run as the chain: its draft tokens are first children (the draft's one draw, or its
         argmax, at each depth), so they count for chance(d, 0); the run's rate hears of the round too."""
         for depth in range(1, min(accepted + 1, gamma) + 1):
-            key = (min(depth, DEPTH_MAX), 0)
-            hit = 1.0 if depth <= accepted else 0.0
-            self.tried[key] = self.tried.get(key, 0.0) + 1.0
-            self.tried_rank[0] = self.tried_rank.get(0, 0.0) + 1.0
-            self.accepted[key] = self.accepted.get(key, 0.0) + hit
-            self.accepted_rank[0] = self.accepted_rank.get(0, 0.0) + hit
-        s = self.costs()[0]
-        decay = 0.9
-        self.tokens = decay * self.tokens + accepted + 1
-        self.units = decay * self.units + 1 + (s + self.c_prior) * gamma
+            self._count(depth, 0, depth <= accepted)
+        self._rate(accepted + 1, 1 + (self.costs()[0] + self.c_prior) * gamma)
+
+    def _count(self, depth: int, rank: int, hit: bool) -> None:
+        """One node tried at (depth, rank), accepted or not: by depth and rank, and pooled over depths."""
+        key = (min(depth, DEPTH_MAX), min(rank, BRANCH_MAX))
+        self.tried[key] = self.tried.get(key, 0.0) + 1.0
+        self.tried_rank[key[1]] = self.tried_rank.get(key[1], 0.0) + 1.0
+        if hit:
+            self.accepted[key] = self.accepted.get(key, 0.0) + 1.0
+            self.accepted_rank[key[1]] = self.accepted_rank.get(key[1], 0.0) + 1.0
+
+    def _rate(self, tokens: float, units: float) -> None:
+        """A round's tokens and cost (one-token target passes) into the run's decayed rate `rate()`."""
+        self.tokens = RATE_DECAY * self.tokens + tokens
+        self.units = RATE_DECAY * self.units + units
