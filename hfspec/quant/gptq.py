@@ -42,7 +42,9 @@ def group_grid(w: torch.Tensor, bits: int, shrink: tuple[float, ...] = SHRINK) -
         g = torch.stack([mid + (lo - mid) * s, mid + (hi - mid) * s], dim=1)  # [N, 2]: the range's ends
         scale, zero = _qparams_of_groups(g[:, None, :], bits)
         scale, zero = scale[:, 0], zero[:, 0]
-        err = ((_round(w, scale, zero, top) - w) ** 2).sum(dim=1)
+        s_, z_ = scale.float()[:, None], zero.float()[:, None]
+        err = (w - z_).div_(torch.where(s_ > 0, s_, 1.0)).round_().clamp_(0, top).mul_(s_).add_(z_).sub_(w)
+        err = err.square_().sum(dim=1)  # (as `_round(w, scale, zero, top) - w`, squared, in place)
         if best_err is None:
             best_scale, best_zero, best_err = scale, zero, err
         else:
@@ -195,7 +197,8 @@ def _compensated(original: torch.Tensor, wt: torch.Tensor, a: torch.Tensor, j0: 
     return original[:, j0:j1] + moved
 
 
-REFIT_ROWS = 32  # rows whose systems `refit_grid` builds and solves together
+REFIT_ROWS = 32  # rows whose systems `refit_grid` builds and solves together, at least ...
+REFIT_SYSTEMS = 8 << 20  # ... and as many as fit this many floats of systems (small G: fewer, larger steps)
 REFIT_SCRATCH = 4 << 20  # floats of products held at once while a block of rows' systems is built (cache-sized)
 
 
@@ -228,8 +231,9 @@ def refit_grid(w: torch.Tensor, h: torch.Tensor, q: torch.Tensor, scale: torch.T
     h_rows = hb.sum(dim=1)  # [G(a), G(b), g]: Σ_{i in a} H[i, (b, j)]
     scale_out, zero_out = scale.clone(), zero.clone()
     eye = torch.eye(2 * groups)
-    for r0 in range(0, n, REFIT_ROWS):
-        r1 = min(n, r0 + REFIT_ROWS)
+    step = max(REFIT_ROWS, REFIT_SYSTEMS // (2 * groups) ** 2)
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
         qc = qg[r0:r1]  # [c, G, g]
         m = torch.empty(r1 - r0, 2 * groups, 2 * groups)
         _scale_block(qc, hb, m[:, :groups, :groups])
