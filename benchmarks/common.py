@@ -344,6 +344,9 @@ def write_results(out: str | None, lines: list[str], rows: list[dict]) -> None:
     if not out:
         return
     path = Path(out)
+    if path.suffix in (".md", ".json"):  # OUT given with one of the two suffixes: the other beside it
+        path = path.with_suffix("")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    path.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+    # the suffixes are appended, not swapped: a name with a dot of its own (`...-1.7b`) keeps its tail
+    path.with_name(path.name + ".md").write_text("\n".join(lines) + "\n")
+    path.with_name(path.name + ".json").write_text(json.dumps(rows, indent=1) + "\n")

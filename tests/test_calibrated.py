@@ -16,7 +16,7 @@ from hfspec.drafts import calibrated, make_draft
 from hfspec.drafts.fidelity import fidelity
 from hfspec.drafts.registry import parse
 from hfspec.errors import HfspecError
-from hfspec.quant import gptq
+from hfspec.quant import calibrate, gptq
 from hfspec.quant.calibrate import Calibration, Coded, calibration_matrices, self_samples
 from hfspec.quant.groupwise import group_dequantize, group_quantize
 
@@ -80,6 +80,26 @@ def test_refit_grid_is_the_least_output_error_for_its_codes(k, group):
         assert err(moved, z2) > err(s2, z2)
     other = gptq.hessian_update(None, torch.randn(2048, k, generator=g))
     assert err(s2, z2, other) > 0.9 * err(s, z, other)
+
+
+def test_refit_grid_eliminating_the_offsets_solves_the_same_systems(monkeypatch):
+    """The offsets' block is shared by every row, so the refit eliminates it (Schur complement, one G-sized factor
+    a row): its grids equal those of each row's whole 2G system, solved directly; a wrong elimination (the
+    shared block's inverse factor transposed) does not (negative control)."""
+    x = _correlated(k=128)
+    w = torch.randn(48, 128, generator=torch.Generator().manual_seed(5)) * 0.05
+    h = gptq.hessian_update(None, x)
+    q, s, z = gptq.gptq_quantize(w, h, 4, 32, act_order=True)
+    schur = gptq.refit_grid(w, h, q, s, z, 32)
+    factor = gptq._offsets_factor
+    monkeypatch.setattr(gptq, "_offsets_factor", lambda m22: None)
+    whole = gptq.refit_grid(w, h, q, s, z, 32)
+    for a, b in zip(schur, whole, strict=True):
+        assert (a.float() - b.float()).abs().max() <= 2e-3 * b.float().abs().max()
+    assert not torch.equal(schur[0], s), "the grids moved"
+    monkeypatch.setattr(gptq, "_offsets_factor", lambda m22: (factor(m22)[0].t().contiguous(), factor(m22)[1]))
+    wrong = gptq.refit_grid(w, h, q, s, z, 32)
+    assert (wrong[1].float() - whole[1].float()).abs().max() > 1e-2 * whole[1].float().abs().max()
 
 
 def _paper_gptq(w, h, bits, group, damp=gptq.DAMP):
@@ -402,3 +422,14 @@ def test_refit_grid_keeps_the_grid_where_the_system_is_singular_or_not_finite():
     poisoned[5, 7] = float("nan")
     s3, z3 = gptq.refit_grid(w, poisoned, q, s, z, 32)
     assert torch.equal(s3, s) and torch.equal(z3, z)
+
+
+def test_gram_by_blocks_is_the_full_product_and_symmetric():
+    """The Hessians' xᵀx multiplies only the blocks on and above the diagonal: the same matrix as x.t() @ x
+    (to rounding), exactly symmetric, every block filled (an unfilled block would be uninitialised memory)."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(64, 2100, generator=g)
+    full = x.t() @ x
+    blocked = calibrate._gram(x)
+    assert torch.allclose(blocked, full, rtol=1e-5, atol=1e-3) and torch.equal(blocked, blocked.t())
+    assert not torch.allclose(calibrate._gram(torch.randn(64, 2100, generator=g)), full, atol=1e-1)

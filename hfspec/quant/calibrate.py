@@ -317,7 +317,7 @@ def _hooked_hessians(model: nn.Module, names: list[str], run: Callable[[], objec
             x = args[0]
             if last[0] is not x or last[2] != x._version:
                 flat = x.detach().reshape(-1, x.shape[-1]).float()
-                last[:] = [x, (flat.t() @ flat).double(), x._version]
+                last[:] = [x, _gram(flat).double(), x._version]
             found[name] = last[1].clone() if name not in found else found[name].add_(last[1])
         hooks.append(model.get_submodule(name).register_forward_pre_hook(hook))
     try:
@@ -326,3 +326,22 @@ def _hooked_hessians(model: nn.Module, names: list[str], run: Callable[[], objec
         for h in hooks:
             h.remove()
     return found
+
+
+GRAM_PARTS = 8  # column blocks of xᵀx: only the blocks on and above the diagonal are multiplied
+
+
+def _gram(x: torch.Tensor) -> torch.Tensor:
+    """xᵀx [K, K] for x [T, K], multiplying only the column blocks on and above the diagonal and mirroring the
+    rest (the same values as x.t() @ x; at K = 8192 over 4096 rows 1.9 s instead of 3.3 s on two cores). Small K:
+    one product."""
+    k = x.shape[1]
+    if k < 2048:
+        return x.t() @ x
+    out = torch.empty(k, k, dtype=x.dtype)
+    step = -(-k // GRAM_PARTS)
+    for i in range(0, k, step):
+        j = min(k, i + step)
+        out[i:j, i:] = x[:, i:j].t() @ x[:, i:]
+        out[j:, i:j] = out[i:j, j:].t()
+    return out
