@@ -336,6 +336,32 @@ def test_calibration_samples_are_seeded(micro):
     assert torch.equal(before, torch.random.get_rng_state()), "calibration must not move the user's RNG"
 
 
+def test_calibration_text_written_in_bf16_leaves_the_model_as_it_was(micro, monkeypatch):
+    """A bf16 writer (an fp32 model on a CPU with bf16 dot products) samples from a bf16 copy: the model keeps its
+    fp32 weights bit for bit, the copy's tied head stays tied and its logits are not the model's (another model,
+    whose seeded samples mostly agree with fp32's: its distribution differs by rounding). The text's dtype is
+    part of the cache key."""
+    from hfspec.quant import calibrate as cal
+
+    before = {name: p.detach().clone() for name, p in micro.named_parameters()}
+    a = self_samples(micro, 2, 24, seed=3, dtype=torch.bfloat16)
+    assert torch.equal(a, self_samples(micro, 2, 24, seed=3, dtype=torch.bfloat16))
+    assert (a == self_samples(micro, 2, 24, seed=3)).float().mean() > 0.8
+    assert all(p.dtype == torch.float32 and torch.equal(p, before[name]) for name, p in micro.named_parameters())
+    copy = cal._copy_in(micro, torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 for p in copy.parameters())
+    with torch.no_grad():
+        mine, theirs = micro(a).logits, copy(a).logits.float()
+    assert not torch.equal(mine, theirs) and torch.allclose(mine, theirs, atol=0.5)
+    if micro.get_output_embeddings().weight is micro.get_input_embeddings().weight:
+        assert copy.get_output_embeddings().weight is copy.get_input_embeddings().weight
+    paths = set()
+    for dtype in (torch.float32, torch.bfloat16):
+        monkeypatch.setattr(calibrated, "sample_dtype", lambda model, dtype=dtype: dtype)
+        paths.add(calibrated.cache_path(micro, 4, 32, QUICK))
+    assert len(paths) == 2
+
+
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_shared_input_hessians_equal_per_matrix_sums(arch):
     """q/k/v (and gate/up) share one product per input; each matrix still gets exactly its own inputs' Σ x xᵀ."""
@@ -386,7 +412,7 @@ def test_streamed_calibration_gives_the_whole_model_hessians_codes(arch, held, m
     ids = torch.randint(3, 96, (6, 24), generator=torch.Generator().manual_seed(1))
     names = list(calibration_matrices(model))
     settings = Calibration(sequences=6, tokens=23)
-    meter = cal._Meter(lambda message: None, 0.0, len(names))
+    meter = cal._Meter(lambda message: None, 0.0, {name: 1.0 for name in names})
     layers = cal._layers(model)
     assert layers is not None
     layer_names = [n for n in names if n.startswith(layers[0] + ".")]
@@ -433,3 +459,15 @@ def test_gram_by_blocks_is_the_full_product_and_symmetric():
     blocked = calibrate._gram(x)
     assert torch.allclose(blocked, full, rtol=1e-5, atol=1e-3) and torch.equal(blocked, blocked.t())
     assert not torch.allclose(calibrate._gram(torch.randn(64, 2100, generator=g)), full, atol=1e-1)
+
+
+def test_calibration_eta_weighs_matrices_by_their_work(monkeypatch):
+    """The ETA counts each matrix's N·K² (a 2048 × 8192 down projection is 4× the work of an 8192 × 2048 one) and
+    the time since quantising began: after a small matrix in 10 s, a three times larger one is 30 s away (a count
+    of matrices would say 10 s; the time since the calibration began, with its sampling, would say more)."""
+    clock = iter([100.0, 110.0])
+    monkeypatch.setattr(calibrate.time, "perf_counter", lambda: next(clock))
+    said = []
+    meter = calibrate._Meter(said.append, 40.0, {"small": 1.0, "large": 3.0})
+    meter.add(["small"])
+    assert said == ["calibrating: 1/2 matrices quantised (70 s, about 30 s left)"]

@@ -48,14 +48,16 @@ def draft_step_prior(c_bytes: float, device: str = "cpu", dtype: str = "float32"
 
 # A verify pass over n positions, in one-token target passes, before a run has timed any: (n, t(n)) points,
 # linear between them and past the last. Measured on the 2-core AMD EPYC VM with SmolLM2-135M (quiet,
-# benchmarks/bench_verify_width.py, 2 December 2026): fp32's sgemm is dearest at 2–3 rows (MKL's small-M path) and
-# cheaper again from 5, which a straight line through the points would miss (it would pick γ 1–2 where γ 4–5 is
-# fastest); bf16 grows slowly. Other devices and dtypes: the line of `verify_slope_prior`.
+# benchmarks/bench_verify_width.py): every width from 1 to 10 on 3 December 2026
+# (benchmarks/results/epyc-2c-2026-12-03-verify-width-dense.md), 12–32 on 2 December. fp32's sgemm is dearest at
+# 2–3 rows (MKL's small-M path), cheaper again at 4–6 and 8, dearer at 7 (1.71 against 1.41 at 6 and 1.40 at 8):
+# a sparser curve (1, 2, 3, 5, 8, ...) had priced 7 positions between 5's and 8's and sent fp32 γ "auto" to γ 6,
+# where a fixed γ 4 is faster; bf16 grows slowly. Other devices and dtypes: the line of `verify_slope_prior`.
 VERIFY_CURVE_PRIOR = {
-    ("cpu", "float32"): ((1, 1.0), (2, 1.74), (3, 2.2), (5, 1.5), (8, 1.54), (12, 1.72), (16, 1.85), (24, 2.15),
-                         (32, 2.43)),
-    ("cpu", "bfloat16"): ((1, 1.0), (2, 1.06), (3, 1.09), (5, 1.08), (8, 1.19), (12, 1.23), (16, 1.32), (24, 1.44),
-                          (32, 1.63)),
+    ("cpu", "float32"): ((1, 1.0), (2, 1.64), (3, 1.91), (4, 1.41), (5, 1.32), (6, 1.41), (7, 1.71), (8, 1.40),
+                         (9, 1.57), (10, 1.58), (12, 1.72), (16, 1.85), (24, 2.15), (32, 2.43)),
+    ("cpu", "bfloat16"): ((1, 1.0), (2, 1.03), (3, 1.07), (4, 1.10), (5, 1.16), (6, 1.20), (7, 1.15), (8, 1.18),
+                          (9, 1.21), (10, 1.24), (16, 1.32), (24, 1.44), (32, 1.63)),
 }
 
 
