@@ -116,3 +116,18 @@ def test_titles_and_legends_fit_their_plots_at_1024x700(qtbot, window):
     assert not cut, cut
     item = window.live.tree_view.plot.getPlotItem()
     assert item.titleLabel.text.endswith("…") and item.titleLabel.toolTip().startswith("Chain (tree")  # elided
+
+
+# ------------------------------------------------------------------------------------- item 3: stale errors
+def test_a_failed_runs_error_leaves_the_status_bar_once_a_valid_edit_fixes_the_input(qtbot, window):
+    c = window.controls
+    good = c.target.text()
+    c.target.setText("/no/such/model/folder")
+    _run(qtbot, window)
+    assert window.errors and window.status_text.startswith("Error:") and "/no/such/model/folder" in window.status_text
+    c.target.setText(good)
+    assert window.status_text == "Ready"
+    _run(qtbot, window)  # a run after it: its line stays after a later valid edit
+    assert window.status_text.startswith("Run done")
+    c.seed.setValue(c.seed.value() + 1)
+    assert window.status_text.startswith("Run done")
