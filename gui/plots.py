@@ -202,9 +202,11 @@ def retheme_plot(widget: pg.PlotWidget) -> None:
     item.legend.setLabelTextColor(t.plot_fg)
 
 
-def spaced_ticks(labels: list[tuple[float, str]], width_px: int, char_px: int = 7) -> list[tuple[float, str]]:
-    """Tick labels that never overlap in `width_px` pixels: each shortened from the left with "…" to its share
-    of the width, and only every k-th kept when even 4 characters would not fit."""
+def spaced_ticks(labels: list[tuple[float, str]], width_px: int, char_px: int = 7,
+                 keep: str = "end") -> list[tuple[float, str]]:
+    """Tick labels that never overlap in `width_px` pixels: each shortened with "…" to its share of the width
+    (keeping its `keep` "end", as a path's last part, or its "start", as "L3" of "L3 attn"), and only every k-th
+    kept when even 4 characters would not fit."""
     if not labels:
         return []
     min_chars = 4
@@ -214,7 +216,13 @@ def spaced_ticks(labels: list[tuple[float, str]], width_px: int, char_px: int = 
         if step >= len(labels):
             break
     chars = max(min_chars, (width_px * step // len(labels) - 8) // char_px)
-    return [(x, text if len(text) <= chars else "…" + text[-(chars - 1):]) for x, text in labels[::step]]
+
+    def cut(text: str) -> str:
+        if len(text) <= chars:
+            return text
+        return "…" + text[-(chars - 1):] if keep == "end" else text[:chars - 1] + "…"
+
+    return [(x, cut(text)) for x, text in labels[::step]]
 
 
 def clear_plot(widget: pg.PlotWidget) -> None:

@@ -131,3 +131,34 @@ def test_a_failed_runs_error_leaves_the_status_bar_once_a_valid_edit_fixes_the_i
     assert window.status_text.startswith("Run done")
     c.seed.setValue(c.seed.value() + 1)
     assert window.status_text.startswith("Run done")
+
+
+# ------------------------------------------------------------------------------------- item 4: the advice's words
+def test_the_sensitivity_advice_names_the_method_box_not_a_cli_flag(window):
+    from hfspec.drafts.sensitivity import SensitivityReport, UnitLoss
+
+    units = [UnitLoss(name=f"layer {i} mlp", kind="mlp", matrices=[], weights=100, bytes=50,
+                      overlap=1 - 0.01 * (3 - i), loss=0.01 * (3 - i), share=0.3) for i in range(3)]
+    report = SensitivityReport(bits=4, group_size=32, method="rtn", by="layer", tokens=64, sequences=1, seed=0,
+                               full_overlap=0.9, units=units, top_float_overlap=0.95)
+    assert "--method gptq" in report.advice()  # the CLI's words stay the CLI's
+    window.sensitivity.show_report(report)
+    note = window.sensitivity.note.text()
+    assert "gptq in the method box" in note and "--method" not in note
+
+
+def test_sensitivity_ticks_keep_the_layer_when_shortened(qtbot, window):
+    from hfspec.drafts.sensitivity import SensitivityReport, UnitLoss
+
+    _small(qtbot, window)
+    units = [UnitLoss(name=f"model.layers.{i // 2}.{('self_attn.q_proj', 'mlp.up_proj')[i % 2]}", kind="matrix",
+                      matrices=[], weights=100, bytes=50, overlap=0.99, loss=0.01 - 0.0005 * i, share=0.1)
+             for i in range(10)]
+    window.tabs.setCurrentWidget(window.sensitivity)
+    window.sensitivity.show_report(SensitivityReport(bits=4, group_size=32, method="rtn", by="matrix", tokens=64,
+                                                     sequences=1, seed=0, full_overlap=0.9, units=units,
+                                                     top_float_overlap=0.95))
+    QApplication.processEvents()
+    ticks = [text for _, text in window.sensitivity.plot.getPlotItem().getAxis("bottom")._tickLevels[0]]
+    assert any(text.endswith("…") for text in ticks)  # shortened at this width
+    assert all(text.startswith("L") for text in ticks), ticks  # "L3 q_…", not "…q_proj": the layer stays
