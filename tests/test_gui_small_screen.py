@@ -18,6 +18,7 @@ pytest.importorskip("pytestqt")
 from PySide6.QtWidgets import QApplication  # noqa: E402
 from test_gui import _has_preset, _run, session, window  # noqa: E402, F401 - test_gui's fixtures
 
+from gui import app as gui_app  # noqa: E402
 from gui.live_view import PLOT_MIN_HEIGHT  # noqa: E402
 from gui.plots import TICK_ROOM_PX  # noqa: E402
 from hfspec.decoding.round import RoundTree  # noqa: E402
@@ -162,3 +163,15 @@ def test_sensitivity_ticks_keep_the_layer_when_shortened(qtbot, window):
     ticks = [text for _, text in window.sensitivity.plot.getPlotItem().getAxis("bottom")._tickLevels[0]]
     assert any(text.endswith("…") for text in ticks)  # shortened at this width
     assert all(text.startswith("L") for text in ticks), ticks  # "L3 q_…", not "…q_proj": the layer stays
+
+
+# ------------------------------------------------------------------------------------- item 5: --threads
+def test_hfspec_gui_threads_reaches_the_dashboard_as_the_docs_say(monkeypatch):
+    from hfspec import cli
+
+    got = []
+    monkeypatch.setattr(gui_app, "main", lambda argv: got.append(argv) or 0)
+    assert cli.main(["gui", "--threads", "3"]) == 0
+    assert got == [["--threads", "3"]]
+    docs = (ROOT / "docs" / "dashboard.md").read_text()
+    assert "`hfspec gui --threads N`" in docs and "plus `--threads N`" not in docs
