@@ -165,6 +165,24 @@ def test_sensitivity_ticks_keep_the_layer_when_shortened(qtbot, window):
     assert all(text.startswith("L") for text in ticks), ticks  # "L3 q_…", not "…q_proj": the layer stays
 
 
+# ------------------------------------------------------------------------------------- the form's width
+def test_the_form_is_as_wide_as_its_fields_need_at_1024x700(qtbot, window):
+    from PySide6.QtWidgets import QLabel
+
+    _small(qtbot, window)
+    c, form = window.controls, window.controls.draft
+    assert c.width() <= 380, c.width()  # was 438: the longest draft kind and "head logits re-scored" set it
+    page = form.stack.currentWidget()
+    assert "head logits\nre-scored" in [label.text() for label in page.findChildren(QLabel)]
+    assert form.stack.height() == page.sizeHint().height()  # no gap: the stack is the shown kind's height
+    lookup = form.kind.findData("lookup")
+    form.kind.setCurrentIndex(lookup)
+    QApplication.processEvents()
+    assert form.stack.height() == form.stack.widget(lookup).sizeHint().height()
+    widest = max(form.kind.fontMetrics().horizontalAdvance(form.kind.itemText(i)) for i in range(form.kind.count()))
+    assert form.kind.view().minimumWidth() >= widest  # the drop-down list shows each kind whole
+
+
 # ------------------------------------------------------------------------------------- item 5: --threads
 def test_hfspec_gui_threads_reaches_the_dashboard_as_the_docs_say(monkeypatch):
     from hfspec import cli
