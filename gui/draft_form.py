@@ -11,6 +11,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QLineEdit,
+    QSizePolicy,
     QSpinBox,
     QStackedWidget,
     QToolButton,
@@ -21,6 +22,10 @@ from gui import theme
 from hfspec.drafts import registry
 from hfspec.errors import HfspecError
 from hfspec.session import draft_spec, split_draft_spec
+
+KIND_CHARS = 22  # the draft kind box's width in characters (longer kinds are elided in the box, whole in its list)
+LABEL_CHARS = 14  # a longer field title goes on two lines: one long label ("head logits re-scored") widened the
+                  # whole form, to 440 of the window's 1024 pixels
 
 
 class DraftForm(QWidget):
@@ -44,18 +49,34 @@ class DraftForm(QWidget):
             for f in kind.fields:
                 widget, row = _input_for(f, self)
                 self.inputs[kind.name][f.name] = widget
-                fields.addRow(f.title, row)
+                fields.addRow(label_text(f.title), row)
                 _signal_of(widget).connect(self._edited)
             self.stack.addWidget(page)
         self.kind.setToolTip("\n".join(f"{k.title}: {k.allowed}" for k in registry.choices()))
+        # as narrow as KIND_CHARS, not as its longest kind ("8-bit copy, one scale per output row (int8 kernel)"
+        # made the form 440 of 1024 pixels wide); the list that drops down shows each kind whole
+        self.kind.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.kind.setMinimumContentsLength(KIND_CHARS)
+        widest = max(self.kind.fontMetrics().horizontalAdvance(self.kind.itemText(i)) for i in range(self.kind.count()))
+        self.kind.view().setMinimumWidth(widest + 32)
         self.spec_label = QLabel()
         self.spec_label.setWordWrap(True)
         form.addRow("Draft", self.kind)
         form.addRow(self.stack)
         form.addRow("Draft spec", self.spec_label)
         self.kind.currentIndexChanged.connect(self.stack.setCurrentIndex)
+        self.kind.currentIndexChanged.connect(self._fit_page)
         self.kind.currentIndexChanged.connect(self._edited)
+        self._fit_page(self.kind.currentIndex())
         self._edited()
+
+    def _fit_page(self, index: int) -> None:
+        """The stack as tall as the shown kind's page (not the tallest kind's: a gap under short pages); as wide
+        as the widest, so no kind is clipped when chosen later."""
+        for i in range(self.stack.count()):
+            vertical = QSizePolicy.Policy.Preferred if i == index else QSizePolicy.Policy.Ignored
+            self.stack.widget(i).setSizePolicy(QSizePolicy.Policy.Preferred, vertical)
+        self.stack.updateGeometry()
 
     def input(self, kind: str, name: str) -> QWidget:
         """The input widget of one field of one kind."""
@@ -93,6 +114,15 @@ class DraftForm(QWidget):
             self.spec_label.setText(str(exc).split(";")[0])
             colour = theme.current().error
         self.spec_label.setStyleSheet(f"font-family: monospace; color: {colour};")
+
+
+def label_text(title: str) -> str:
+    """A field's label: on two lines, split at the space nearest its middle, when longer than LABEL_CHARS."""
+    words = title.split(" ")
+    if len(title) <= LABEL_CHARS or len(words) < 2:
+        return title
+    cut = min(range(1, len(words)), key=lambda i: abs(len(" ".join(words[:i])) - len(" ".join(words[i:]))))
+    return " ".join(words[:cut]) + "\n" + " ".join(words[cut:])
 
 
 def _input_for(f, parent: QWidget) -> tuple[QWidget, QWidget]:

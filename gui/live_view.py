@@ -9,8 +9,10 @@ import math
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
+    QFrame,
     QGridLayout,
     QLabel,
+    QScrollArea,
     QSplitter,
     QVBoxLayout,
     QWidget,
@@ -34,6 +36,7 @@ from hfspec.decoding.stats import expected_tokens_per_pass
 from hfspec.session import ROLLING_WINDOW
 
 TEXT_SIZES, TREE_SIZES = [540, 200], [540, 360]  # proportions of plots and text (and tree): a quarter, 2 fifths
+PLOT_MIN_HEIGHT = 180  # below this title, axes and legend squeeze a plot's data to a line: the plots scroll
 SPEED_BARS = [("predicted", "predicted"), ("measured", "measured"), ("ideal", "ideal")]
 
 
@@ -110,10 +113,15 @@ class LiveView(GeneratedText, QWidget):
         grid.setSpacing(4)
         grid.setContentsMargins(0, 0, 0, 0)
         for i, plot in enumerate(self.plots.values()):
-            plot.setMinimumSize(200, 120)
+            plot.setMinimumSize(200, PLOT_MIN_HEIGHT)
             grid.addWidget(plot, i // 2, i % 2)
         plots = QWidget()
         plots.setLayout(grid)
+        self.plot_scroll = QScrollArea()  # on a small screen (1024×700) the plots scroll, at a readable height
+        self.plot_scroll.setWidget(plots)
+        self.plot_scroll.setWidgetResizable(True)
+        self.plot_scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.plot_scroll.setMinimumHeight(120)
 
         self.tree_view = TreeView()  # beside the text while the run on show grows token trees
         self.tree_view.setMinimumSize(200, 120)
@@ -123,7 +131,7 @@ class LiveView(GeneratedText, QWidget):
         self.lower.addWidget(self.tree_view)
         self.lower.setChildrenCollapsible(False)
         self.splitter = splitter = QSplitter(Qt.Orientation.Vertical)
-        splitter.addWidget(plots)
+        splitter.addWidget(self.plot_scroll)
         splitter.addWidget(self.lower)
         splitter.setStretchFactor(0, 3)
         splitter.setStretchFactor(1, 1)

@@ -98,7 +98,7 @@ class MainWindow(FileActions, SensitivityActions, QMainWindow):
         w.failed.connect(self._job_failed)
         w.cancelled.connect(self._cancelled)
         self.last_error: tuple[str, str] | None = None
-        self._input_error = False  # the status bar's error is about the input (cleared once it validates)
+        self._input_error = False  # the status bar shows an error (cleared once an edit leaves the input valid)
         hints = QGuiApplication.styleHints()
         self._follows_theme = hasattr(hints, "colorSchemeChanged")
         if self._follows_theme:
@@ -141,7 +141,7 @@ class MainWindow(FileActions, SensitivityActions, QMainWindow):
 
     def show_error(self, title: str, message: str) -> None:
         self.last_error = (title, message)
-        self._input_error = title == "Settings"
+        self._input_error = True  # a refused input, or a job that failed on it (a missing model folder, say)
         self._reported = True
         self.clock.stop()
         self._status(f"Error: {message.splitlines()[0] if message else title}")
@@ -171,7 +171,8 @@ class MainWindow(FileActions, SensitivityActions, QMainWindow):
         return True
 
     def _recheck_input(self) -> None:
-        """An error about the input leaves the status bar once the input validates."""
+        """After an edit: an error in the status bar (a refused input, or a job that failed, e.g. on a model folder
+        that does not exist) leaves it once the input validates."""
         if self._input_error and not self.controller.busy and self._input_valid():
             self._input_error = False
             self._status("Ready")
@@ -223,6 +224,7 @@ class MainWindow(FileActions, SensitivityActions, QMainWindow):
         if busy:
             self._status("Loading models…")
             self._reported = False
+            self._input_error = False  # the error left the status bar: a later edit must not blank this job's line
         else:
             self.clock.stop()
             if self.live._pending:  # the job ended without data (failed or stopped): the results stay current

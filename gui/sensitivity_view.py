@@ -17,6 +17,7 @@ from hfspec.drafts.sensitivity import BY, METHODS, TOKENS_RANGE
 
 GROUPS = (32, 64, 128, 256)
 DEFAULT_TOKENS = 256  # the tab's default: a quick report (the CLI's default is 512)
+GUI_GPTQ = "gptq in the method box above"  # the advice's switch to GPTQ, in the tab's words (not the CLI's flag)
 KIND_COLOURS = {"attention": PALETTE[0], "mlp": PALETTE[2], "head": PALETTE[1]}  # others: PALETTE[3]
 
 
@@ -105,7 +106,7 @@ class SensitivityView(QWidget):
         self.note.setText(
             f"<b>{html.escape(r.method)}{r.bits}-g{r.group_size}</b> by {html.escape(r.by)} over {r.tokens} positions "
             f"of the target's own text: all units quantised keep overlap {r.full_overlap:.3f} (loss "
-            f"{r.full_loss:.3f}; the units' losses sum to {r.sum_loss:.3f}).<br>{html.escape(r.advice())}{notes}")
+            f"{r.full_loss:.3f}; the units' losses sum to {r.sum_loss:.3f}).<br>{html.escape(r.advice(gptq=GUI_GPTQ))}{notes}")
 
     def provenance(self) -> tuple[str, dict]:
         """An exported plot's caption and settings: the report's width, method, units and text."""
@@ -123,7 +124,9 @@ class SensitivityView(QWidget):
     def _ticks(self) -> None:
         """Unit names under the bars, shortened to the plot's width (again whenever it changes)."""
         names = [(i, short_name(u.name)) for i, u in enumerate(self.report.units)] if self.report else []
-        self.plot.getPlotItem().getAxis("bottom").setTicks([spaced_ticks(names, max(60, self.plot.width() - 60))])
+        # the layer's number first: the bar's colour already says attention, MLP or head
+        ticks = spaced_ticks(names, max(60, self.plot.width() - 60), keep="start")
+        self.plot.getPlotItem().getAxis("bottom").setTicks([ticks])
 
     def resizeEvent(self, event):  # noqa: N802 - Qt's name
         super().resizeEvent(event)

@@ -13,7 +13,7 @@ from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from gui import theme
 from gui.live_text import KIND_COLOURS
-from gui.plots import make_plot, retheme_plot
+from gui.plots import make_plot, retheme_plot, set_title
 
 LABEL_CHARS = 6  # a node's text is cut to this many characters, then "…"
 OTHER_COLOUR = "#c8c8c8"  # drafted, not accepted
@@ -140,5 +140,4 @@ class TreeView(QWidget):
                  else "Token tree")
         title = (f"{shape} of {which}: {len(kinds) - 2} drafted, {kinds.count('accepted')} accepted, "
                  f"{kinds[-1]}" if kinds else TITLE)
-        self.plot.plot_title = title
-        item.setTitle(title, size="10pt", color=fg)
+        set_title(self.plot, title)

@@ -16,7 +16,7 @@ import torch  # noqa: E402
 from PySide6.QtCore import QSettings, Qt  # noqa: E402
 
 from gui.main_window import MainWindow  # noqa: E402
-from gui.sensitivity_view import short_name  # noqa: E402
+from gui.sensitivity_view import GUI_GPTQ, short_name  # noqa: E402
 from hfspec.errors import HfspecError  # noqa: E402
 from hfspec.session import Session  # noqa: E402
 
@@ -73,11 +73,11 @@ def test_the_tab_shows_a_bar_per_unit_largest_first(qtbot, window, session):
     assert [h for _, h in heights] == pytest.approx([u.loss for u in report.units])
     assert [h for _, h in heights] == sorted((h for _, h in heights), reverse=True)
     ticks = view.plot.getPlotItem().getAxis("bottom")._tickLevels[0]
-    shown = {x: label for x, label in ticks}  # elided from the left ("…attn") where the plot is narrow
-    assert all(short_name(report.units[int(x)].name).endswith(label.lstrip("…")) for x, label in shown.items())
+    shown = {x: label for x, label in ticks}  # elided on the right ("L3 at…") where the plot is narrow: the layer stays
+    assert all(short_name(report.units[int(x)].name).startswith(label.rstrip("…")) for x, label in shown.items())
     assert shown[0] == "head" == short_name(report.units[0].name)
     assert short_name("layer 2 attention") == "L2 attn" and short_name("model.layers.3.mlp.up_proj") == "L3 up_proj"
-    assert report.advice() in view.note.text().replace("&#x27;", "'")
+    assert report.advice(gptq=GUI_GPTQ) in view.note.text().replace("&#x27;", "'")
     assert "Sensitivity done: 9 units" in window.status_text
     assert view.run_button.isEnabled()
     with torch.no_grad():

@@ -108,8 +108,10 @@ def test_run_the_prompt_and_every_card_show_without_scrolling(qtbot, window, siz
     QApplication.processEvents()
     assert (window.width(), window.height()) == size
     c, live = window.controls, window.live
+    # the plots show whole at 1366×768; at 1024×700 their area scrolls (each keeps a readable height) and is in view
+    plots = [*live.plots.values()] if size == (1366, 768) else [live.plot_scroll]
     for widget in (c.run_button, c.stop_button, c.progress, c.prompt, c.preset, window.tabs.tabBar(),
-                   live.copy_button, live.save_button, live.text, *live.metrics.values(), *live.plots.values()):
+                   live.copy_button, live.save_button, live.text, *live.metrics.values(), *plots):
         assert _in_view(widget, window), f"{type(widget).__name__} {getattr(widget, 'caption', '')} at {size}"
     for label in window.findChildren(QLabel):  # no word cut at the right edge of the form
         if label.isVisible() and label.window() is window and c.isAncestorOf(label) and label.wordWrap():

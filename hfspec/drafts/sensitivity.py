@@ -94,14 +94,16 @@ class SensitivityReport:
         return [{"unit": u.name, "loss": u.loss, "share": f"{u.share:.1%}", "overlap": u.overlap,
                  "weights": u.weights, "bytes": u.bytes} for u in self.units]
 
-    def advice(self) -> str:
-        """One line: the units costing most and what giving them more bits (or GPTQ) could win back."""
+    def advice(self, gptq: str = "--method gptq") -> str:
+        """One line: the units costing most and what giving them more bits (or GPTQ) could win back. `gptq` names
+        the switch to GPTQ in the caller's words (the CLI flag here, the Sensitivity tab's method box in the
+        dashboard)."""
         top = [u for u in self.units[:TOP] if u.loss > 0]
         if not top:
             return (f"no unit loses measurable overlap at {self.bits} bits ({self.method}); fewer bits may do")
         names = ", ".join(f"{u.name} ({u.share:.0%})" for u in top)
         them = "them" if len(top) > 1 else "it"
-        calibrated = "" if self.method == "gptq" else "; --method gptq measures the calibrated codes (usually less loss)"
+        calibrated = "" if self.method == "gptq" else f"; {gptq} measures the calibrated codes (usually less loss)"
         return (f"the {len(top)} unit{'s' if len(top) > 1 else ''} costing most: {names}; giving {them} more bits "
                 f"recovers up to {self.recovered:.3f} of the {self.full_loss:.3f} overlap the full "
                 f"{self.method}{self.bits}-g{self.group_size} draft loses (measured with {them} in float){calibrated}")
