@@ -298,11 +298,17 @@ def test_after_every_round_slots_and_both_caches_hold_the_accepted_text(sample):
 
 # ---- auto: costs decide, a seed freezes them ---------------------------------------------------------------
 
-def test_auto_falls_back_to_a_chain_when_verify_positions_are_expensive_and_branches_when_cheap():
+def test_auto_falls_back_to_a_chain_when_verify_positions_are_expensive_and_branches_when_cheap(monkeypatch):
+    """Seeded tree "auto" with a verify pass whose positions cost `slope` target steps each (the tree's shape and
+    the chain-or-tree choice both priced so, not by the measured CPU curve): at 5 a round grows about one node a
+    level, at 0 it branches."""
+    from hfspec.decoding import tree_choice
+
     target = build("llama", init=0.2)
     draft = perturbed(target, scale=0.6)
     counts = {}
     for slope in (5.0, 0.0):
+        monkeypatch.setattr(tree_choice, "verify_prior", lambda n, device, dtype, slope=slope: 1.0 + slope * (n - 1))
         shape = AutoShape(timed=False, c_prior=0.05)
         shape.slope_prior = slope
         job = DecodeJob(scorer=Scorer(LogitsProcessorList([lp.TemperatureLogitsWarper(1.0)]), True, 96),

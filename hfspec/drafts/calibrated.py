@@ -28,7 +28,7 @@ from hfspec.attrs import CALIBRATION, set_attr
 from hfspec.drafts.registry import DraftKind, DraftSpec
 from hfspec.drafts.rtn import GroupSpecs, make_rtn_draft
 from hfspec.errors import HfspecError
-from hfspec.quant.calibrate import Calibration, Coded, calibrate, calibration_matrices, sample_dtype
+from hfspec.quant.calibrate import Calibration, Coded, calibrate, calibration_matrices
 from hfspec.quant.packing import pack_rows, unpack_rows
 
 GPTQ_BITS = (2, 8)
@@ -53,9 +53,7 @@ def weights_digest(model: nn.Module) -> str:
 
 def cache_path(model: nn.Module, bits: int, group_size: int, settings: Calibration, folder: Path | None = None) -> Path:
     """Where the codes of `model` at these settings are cached."""
-    written = str(sample_dtype(model)).removeprefix("torch.")  # (the text's dtype: other text, other codes)
-    key = hashlib.blake2b(f"{weights_digest(model)}|gptq{bits}-g{group_size}|{settings.key()}|text-{written}"
-                          f"|v{FORMAT}".encode(),
+    key = hashlib.blake2b(f"{weights_digest(model)}|gptq{bits}-g{group_size}|{settings.key()}|v{FORMAT}".encode(),
                           digest_size=16).hexdigest()
     return Path(folder or CALIBRATION_DIR) / f"gptq{bits}-g{group_size}-{key}.safetensors"
 

@@ -2,8 +2,7 @@
 and GPTQ codes for all of them (`calibrate`).
 
 No data set is downloaded: the target samples `sequences` texts of `tokens` tokens from its BOS at temperature 1
-(seeded), which is the distribution the draft must imitate (an fp32 target on a CPU with bf16 dot products writes
-them from a bf16 copy, `sample_dtype`: 3× faster, and its text differs from fp32's only by rounding). One forward over them with hooks on every matrix the
+(seeded), which is the distribution the draft must imitate. One forward over them with hooks on every matrix the
 draft quantises gives each matrix's Hessian Σ x xᵀ; matrices of one shape are then quantised together
 (`gptq.gptq_quantize` batched), which makes the sweep's Python loop run once per column for all layers.
 
@@ -106,44 +105,18 @@ def bos_id(model: nn.Module) -> int:
     return 0
 
 
-def sample_dtype(model: nn.Module) -> torch.dtype:
-    """The dtype the calibration text is written in: bf16 for an fp32 model on a CPU with bf16 dot products
-    (AVX-512 BF16 or AMX), where a batch of 64 rows multiplies 3.5× faster than in fp32 (2-core EPYC,
-    [64, 2048] × [2048, 8192]: 6.4 ms against 22.7 ms), else the model's own. Only the text is written so: the
-    Hessians are the model's own activations on it. Part of the cache key (`hfspec.drafts.calibrated`)."""
-    p = next(model.parameters())
-    fast = p.device.type == "cpu" and (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-    return torch.bfloat16 if p.dtype == torch.float32 and fast else p.dtype
-
-
 @torch.no_grad()
-def self_samples(model: nn.Module, sequences: int, tokens: int, seed: int, dtype: torch.dtype | None = None
-                 ) -> torch.Tensor:
-    """[sequences, 1 + tokens]: texts the model writes from its BOS at temperature 1 (full length, seeded), in
-    `dtype` (default: the model's; another dtype samples from a copy, one layer's worth of memory at a time
-    beyond that copy's weights)."""
+def self_samples(model: nn.Module, sequences: int, tokens: int, seed: int) -> torch.Tensor:
+    """[sequences, 1 + tokens]: texts the model writes from its BOS at temperature 1 (full length, seeded)."""
     device = next(model.parameters()).device
     start = torch.full((sequences, 1), bos_id(model), dtype=torch.long, device=device)
-    writer = model if dtype is None or dtype == next(model.parameters()).dtype else _copy_in(model, dtype)
     state = torch.random.get_rng_state()
     try:
         torch.manual_seed(seed)
-        return writer.generate(start, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=tokens,
-                               min_new_tokens=tokens, pad_token_id=bos_id(model), attention_mask=torch.ones_like(start))
+        return model.generate(start, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=tokens,
+                              min_new_tokens=tokens, pad_token_id=bos_id(model), attention_mask=torch.ones_like(start))
     finally:
         torch.random.set_rng_state(state)
-
-
-def _copy_in(model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """A copy of `model` whose floating parameters are `dtype` (each converted straight from the original: no
-    full-precision copy is made on the way; tied parameters stay tied)."""
-    import copy
-
-    memo: dict[int, object] = {}
-    for p in model.parameters():
-        if p.is_floating_point() and id(p) not in memo:
-            memo[id(p)] = nn.Parameter(p.detach().to(dtype), requires_grad=False)
-    return copy.deepcopy(model, memo).to(dtype).eval()
 
 
 @torch.no_grad()
@@ -171,7 +144,7 @@ def calibrate(model: nn.Module, bits: int, group_size: int, settings: Calibratio
     began = time.perf_counter()
     names = list(calibration_matrices(model)) if names is None else list(names)
     say(f"calibrating: the target writes {settings.sequences} × {settings.tokens} tokens of its own text")
-    ids = self_samples(model, settings.sequences, settings.tokens, settings.seed, sample_dtype(model))
+    ids = self_samples(model, settings.sequences, settings.tokens, settings.seed)
     say(f"calibrating: input statistics of {len(names)} matrices ({time.perf_counter() - began:.0f} s)")
     owner: dict[int, str] = {}
     for name in names:
