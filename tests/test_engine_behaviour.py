@@ -216,3 +216,32 @@ def test_one_constant_bounds_auto_gamma():
     assert AdaptiveGamma().gamma_max == AUTO_GAMMA_MAX <= GAMMA_MAX
     assert inspect.signature(optimal_gamma).parameters["gamma_max"].default == AUTO_GAMMA_MAX
     assert optimal_gamma(0.999, 0.0) == AUTO_GAMMA_MAX  # free drafts that are always accepted: the cap binds
+
+
+def test_a_round_the_length_budget_cuts_to_no_draft_is_not_taught_to_the_gamma_policy(monkeypatch):
+    """When one token is left, the loop runs a plain round whatever γ the policy chose; the policy must not learn
+    it as its own choice of plain decoding (a timed γ "auto" then counted it as a plain round: CI saw γ 16 told 0).
+    Lengths are swept so that some runs end on such a round (checked, so the test cannot pass vacuously)."""
+    import hfspec.api
+    from hfspec.decoding.gamma import FixedGamma
+
+    class Spy(FixedGamma):
+        def __init__(self, gamma):
+            super().__init__(gamma)
+            self.told = []
+
+        def update(self, gamma, *rest):
+            self.told.append(gamma)
+
+    spies = []
+    monkeypatch.setattr(hfspec.api, "_policy", lambda gamma, stats: spies.append(Spy(4)) or spies[-1])
+    target = build("llama", init=0.2)
+    draft = hfspec.make_draft(target, "rtn8")  # (close to the target: most rounds keep all four)
+    prompt = torch.tensor([[0, 5, 17, 33]])
+    capped = 0
+    for tokens in range(6, 16):
+        out = hfspec.generate(target, prompt, draft=draft, gamma=4, temperature=0, max_new_tokens=tokens,
+                              min_new_tokens=tokens)
+        capped += out.stats.gamma_per_round[-1] == 0
+        assert 0 not in spies[-1].told, (tokens, out.stats.gamma_per_round, spies[-1].told)
+    assert capped > 0, "no run ended on a round the budget cut to plain decoding"

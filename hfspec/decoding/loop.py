@@ -100,12 +100,17 @@ class Run:
         self.kinds: list[list[str]] = [[] for _ in range(batch)]
         self.active = list(range(batch))
         self.round_index = 0
+        self.chosen = 0  # the γ policy's choice for the latest round, before the length budget capped it
 
     def room(self) -> int:
         return max(self.job.stopper.budget(self.prompt_len + len(self.out[row])) for row in self.active)
 
     def gamma(self) -> int:
-        return max(0, min(self.policy.next(), self.room() - 1)) if self.speculative else 0
+        """This round's γ: the policy's, capped by the length budget (`chosen` keeps the policy's own)."""
+        if not self.speculative:
+            return 0
+        self.chosen = self.policy.next()
+        return max(0, min(self.chosen, self.room() - 1))
 
     def offsets(self) -> list[int]:
         """Per active row, how many new tokens it has: the position of its next token (the noise's key)."""
@@ -177,9 +182,10 @@ def _report(run: Run, proposal: Proposal, verdict: Verdict, done: Committed) -> 
     tree_round = verdict.tree is not None and not verdict.tree.chain
     if not tree_round:
         job.policy.observe(done.accepted, done.checked)  # an early exit learns which positions were accepted
-    # A round where the draft had nothing to propose (prompt lookup without a match) says nothing about α or
-    # c, and is not the policy choosing plain decoding: the policy does not learn from it.
-    if run.speculative and not tree_round and not (proposal.asked > 0 and gamma == 0):
+    # A round where the draft had nothing to propose (prompt lookup without a match), or whose γ the length budget
+    # cut to 0 (the run's last token), says nothing about α or c, and is not the policy choosing plain decoding:
+    # the policy does not learn from it.
+    if run.speculative and not tree_round and not (gamma == 0 and (proposal.asked > 0 or run.chosen > 0)):
         seconds, forwards = proposal.draft_clock
         d_step = (run.draft.seconds - seconds) / max(1, run.draft.forwards - forwards)
         job.policy.update(gamma, sum(done.accepted), sum(done.checked), d_step, verdict.target_seconds)
