@@ -182,10 +182,9 @@ def _report(run: Run, proposal: Proposal, verdict: Verdict, done: Committed) -> 
     tree_round = verdict.tree is not None and not verdict.tree.chain
     if not tree_round:
         job.policy.observe(done.accepted, done.checked)  # an early exit learns which positions were accepted
-    # A round where the draft had nothing to propose (prompt lookup without a match), or whose γ the length budget
-    # cut to 0 (the run's last token), says nothing about α or c, and is not the policy choosing plain decoding:
-    # the policy does not learn from it.
-    if run.speculative and not tree_round and not (gamma == 0 and (proposal.asked > 0 or run.chosen > 0)):
+    # A round at γ 0 the policy did not choose (prompt lookup without a match, or the length budget's last token)
+    # says nothing about α or c, and is not the policy choosing plain decoding: the policy does not learn from it.
+    if run.speculative and not tree_round and not (gamma == 0 and run.chosen > 0):
         seconds, forwards = proposal.draft_clock
         d_step = (run.draft.seconds - seconds) / max(1, run.draft.forwards - forwards)
         job.policy.update(gamma, sum(done.accepted), sum(done.checked), d_step, verdict.target_seconds)

@@ -166,7 +166,7 @@ class _Meter:
 
     def __init__(self, say, began: float, weights: dict[str, float]):
         self.say, self.began, self.weights = say, began, weights
-        self.total, self.done, self.work = len(weights), 0, 0.0
+        self.total, self.done, self.work, self.all_work = len(weights), 0, 0.0, sum(weights.values())
         self.started = self.shown = time.perf_counter()
 
     def add(self, names: list[str]) -> None:
@@ -174,7 +174,7 @@ class _Meter:
         self.work += sum(self.weights.get(name, 0.0) for name in names)
         now = time.perf_counter()
         if now - self.shown >= PROGRESS_EVERY or self.done == self.total:
-            left = sum(self.weights.values()) - self.work
+            left = self.all_work - self.work
             eta = (now - self.started) / self.work * left if self.work > 0 else 0.0
             self.say(f"calibrating: {self.done}/{self.total} matrices quantised ({now - self.began:.0f} s, "
                      f"about {eta:.0f} s left)")

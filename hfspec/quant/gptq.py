@@ -253,7 +253,7 @@ def refit_grid(w: torch.Tensor, h: torch.Tensor, q: torch.Tensor, scale: torch.T
         if not bool(finite.all()):  # (the full-size selections only where some row needs them)
             m, rhs = torch.where(finite[:, None, None], m, eye), torch.where(finite[:, None], rhs, old)
             old = torch.where(finite[:, None], old, 0.0)
-        ridge = 1e-6 * m.diagonal(dim1=1, dim2=2).abs().mean(1, keepdim=True) + 1e-30  # a constant-code group
+        ridge = _ridge(m.diagonal(dim1=1, dim2=2))  # a constant-code group
         b = rhs + ridge * old
         if offsets is not None:  # the offsets eliminated: one G-sized system a row (`_schur_solve`)
             b[:, groups:] = rhs[:, groups:] + offsets[1] * old[:, groups:]  # (the shared block's ridge)
@@ -274,13 +274,19 @@ def refit_grid(w: torch.Tensor, h: torch.Tensor, q: torch.Tensor, scale: torch.T
     return scale_out, zero_out
 
 
+def _ridge(diagonal: torch.Tensor) -> torch.Tensor:
+    """The ridge a normal matrix gets from its diagonal [..., n]: a millionth of its mean magnitude ([..., 1]),
+    so that a group whose codes are all equal (a scale column of zeros) still has a factor."""
+    return 1e-6 * diagonal.abs().mean(-1, keepdim=True) + 1e-30
+
+
 def _offsets_factor(m22: torch.Tensor) -> tuple[torch.Tensor, float] | None:
     """(L⁻¹ fp32 [G, G], ridge) for the offsets' block M22 + ridge I = L Lᵀ (fp64 Cholesky; a ridge like the rows'
     own), the same for every row; None where M22 is not positive definite (a group no input reached): rows are
     then solved whole."""
     g = m22.shape[0]
     c64 = m22.double()
-    ridge = 1e-6 * float(c64.diagonal().abs().mean()) + 1e-30
+    ridge = float(_ridge(c64.diagonal()))
     factor, info = torch.linalg.cholesky_ex(c64 + ridge * torch.eye(g, dtype=torch.float64))
     if int(info) != 0:
         return None
