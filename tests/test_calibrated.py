@@ -102,6 +102,36 @@ def test_refit_grid_eliminating_the_offsets_solves_the_same_systems(monkeypatch)
     assert (wrong[1].float() - whole[1].float()).abs().max() > 1e-2 * whole[1].float().abs().max()
 
 
+def test_refit_error_change_from_the_eliminated_parts_is_the_output_error_change():
+    """The eliminated refit never forms a row's whole system, so it reads each row's change of output error from
+    its parts (projected Hessian, S H, C⁻¹): that equals the change measured directly, (w − ŵ) H (w − ŵ)ᵀ row by
+    row, for a grid moved any way; reading it with the offsets' block left out does not (negative control)."""
+    x = _correlated(k=96)
+    g = torch.Generator().manual_seed(6)
+    w = torch.randn(12, 96, generator=g) * 0.05
+    h = gptq.hessian_update(None, x).float()
+    q, s, z = gptq.gptq_quantize(w, h, 4, 32, act_order=True)
+    hf = h.clone()  # no dampening: the system is H's own
+    m22 = hf.view(3, 32, 3, 32).sum(dim=(1, 3))
+    system = gptq._Eliminated(hf, w.float(), m22, *gptq._offsets_factor(m22))
+    mid = 7.5
+    old = torch.cat([s.float(), z.float() + mid * s.float()], 1)
+    _, _, finite, change = system.solve(q.float().view(12, 3, 32) - mid, 0, 12, old)
+    assert bool(finite.all())
+    new = old * (1 + 0.05 * torch.randn(old.shape, generator=g))
+    grid = lambda t: (t[:, :3], t[:, 3:] - mid * t[:, :3])  # noqa: E731
+
+    def row_error(t):
+        d = (w - group_dequantize(q, *(x.half() for x in grid(t)), 32).float()).double()
+        return torch.einsum("nk,kl,nl->n", d, h.double(), d)
+    rounded = torch.cat([grid(new)[0].half().float(), grid(new)[1].half().float() + mid * grid(new)[0].half().float()], 1)
+    direct = row_error(rounded) - row_error(old)
+    got = change(rounded)
+    assert torch.allclose(got, direct, rtol=1e-3, atol=1e-6 * float(direct.abs().max())), (got, direct)
+    system.m22 = torch.zeros_like(m22)
+    assert not torch.allclose(change(rounded), direct, rtol=1e-2)
+
+
 def _paper_gptq(w, h, bits, group, damp=gptq.DAMP):
     """The paper's sweep, column by column, written plainly: errors pushed with the upper Cholesky factor of
     H⁻¹, each group's grid chosen from its columns as the sweep has moved them when it reaches the group."""
