@@ -475,3 +475,29 @@ def test_calibration_eta_weighs_matrices_by_their_work(monkeypatch):
     meter = calibrate._Meter(said.append, 40.0, {"small": 1.0, "large": 3.0})
     meter.add(["small"])
     assert said == ["calibrating: 1/2 matrices quantised (70 s, about 30 s left)"]
+
+
+def test_calibration_eta_counts_the_hessians_already_taken(monkeypatch):
+    """A small model's Hessians are all taken before its first matrix is quantised: the ETA counts that work as
+    done (`passed`), so after the Hessians (6 units) and a small matrix (1) in 14 s, a large matrix (3) is 6 s
+    away; counting quantisation alone would say 42 s (the failure seen at 135M: 139 s said, 18 s left)."""
+    clock = iter([100.0, 114.0, 100.0, 114.0])
+    monkeypatch.setattr(calibrate.time, "perf_counter", lambda: next(clock))
+    said = []
+    meter = calibrate._Meter(said.append, 40.0, {"small": 1.0, "large": 3.0}, {"small": 2.0, "large": 4.0})
+    meter.passed(["small", "large"])
+    meter.add(["small"])
+    assert said == ["calibrating: 1/2 matrices quantised (74 s, about 6 s left)"]
+    blind = calibrate._Meter(said.append, 40.0, {"small": 1.0, "large": 3.0})
+    blind.add(["small"])
+    assert said[-1].endswith("about 42 s left)")
+
+
+def test_calibration_work_of_a_matrix_grows_with_the_calibration_tokens():
+    micro = build("llama")
+    name = next(iter(calibration_matrices(micro)))
+    n, k = calibrate._weight(micro.get_submodule(name)).shape
+    gptq_work, pass_work = calibrate._work(micro, [name], tokens=1000)
+    assert gptq_work[name] == n * k * k
+    assert pass_work[name] == pytest.approx(calibrate.PASS_WORK * 1000 * (n * k + k * k / 2))
+    assert calibrate._work(micro, [name])[1][name] == 0.0
