@@ -113,3 +113,47 @@ def test_with_gamma_auto_a_tree_is_weighed_against_the_best_chain():
     assert best == max(tree_choice.chain_rate(shape, g) for g in range(0, 9))
     dear = AutoShape(timed=False, c_prior=5.0)  # a draft step dearer than the target's: plain decoding is best
     assert tree_choice.chain_rate(dear, 8, best=True) == tree_choice.chain_rate(dear, 0) == 1.0
+
+
+def _confident(shape: AutoShape) -> AutoShape:
+    """A seeded shape whose acceptance model has seen, at every depth, 90 % of first children accepted and 30 % of
+    second ones (an int8 draft at T = 1)."""
+    for depth in range(1, 13):
+        for i in range(40):
+            shape._count(depth, 0, i % 10 != 0)
+            shape._count(depth, 1, i % 10 < 3)
+    return shape
+
+
+def test_a_seeded_level_costs_more_with_each_node_where_the_draft_runs_packed_kernels():
+    """A level of w nodes costs (1 + row × (w − 1)) one-node levels: with the int4 kernel's row prior the planned
+    tree expands fewer nodes per level and is worth less per unit of cost than priced as one node a level
+    (the int8-in-bf16 tree that lost to the chain); with row 0 the plan is the one-node-per-level pricing."""
+    flat = _confident(AutoShape(timed=False, c_prior=0.3, dtype="bfloat16"))
+    rowed = _confident(AutoShape(timed=False, c_prior=0.3, dtype="bfloat16"))
+    rowed.row_factor = priors.tree_row_prior("int4")
+    assert rowed.level_cost(8) == pytest.approx(flat.level_cost(1) * (1 + 0.33 * 7))
+    assert flat.level_cost(8) == flat.level_cost(1)
+    _, _, wide = tree_choice.plan(flat, 12)
+    _, _, narrow = tree_choice.plan(rowed, 12)
+    assert sum(wide) > sum(narrow), (wide, narrow)
+    assert tree_choice.tree_rate(rowed, 12) < tree_choice.tree_rate(flat, 12)
+    timed = AutoShape(timed=True, c_prior=0.3)
+    timed.row_factor = 0.33  # timed: the measured level holds the run's usual widths
+    assert timed.row_floor() == 0.0 and timed.level_cost(8) == timed.level_cost(1)
+
+
+def test_draft_storage_names_what_holds_most_of_the_drafts_weights():
+    from torch import nn
+
+    from hfspec.decoding.trees import draft_storage
+    from hfspec.kernels.lean_layers import LeanLinear
+    from hfspec.quant import int8
+
+    w = torch.randn(256, 512) * 0.02
+    packed4 = nn.ModuleList([LeanLinear(w, None, 4, 32), LeanLinear(torch.randn(8, 64), None, None, 32)])
+    packed8 = nn.ModuleList([LeanLinear(w, None, 8, int8.PER_CHANNEL)])
+    dense = nn.ModuleList([LeanLinear(w.to(torch.bfloat16), None, None, 32)])
+    assert packed4[0].int4 and packed8[0].int8, "the CPU kernels run here"
+    assert (draft_storage(packed4), draft_storage(packed8), draft_storage(dense)) == ("int4", "int8", "bfloat16")
+    assert draft_storage(build("llama")) == "float32"  # a Hugging Face draft: its parameters' dtype

@@ -108,7 +108,23 @@ def prior_model(c: float, device: str = "cpu", dtype: str = "float32") -> CostMo
 TREE_LEVEL_PRIOR = {"compiled": 1.3, "eager": 1.1}
 TREE_ROUND_PRIOR = 0.06
 
+# A tree level's cost grows with its nodes: each node is a row of every draft matrix's product, and the CPU's
+# packed int4 and int8 kernels cost nearly a row's worth per row (a level of 8 nodes 3.3× one node with int4 at
+# SmolLM2-135M's shapes, 2.6× with int8; dense bf16 1.3×, fp32 1.7×). `TREE_ROW_PRIOR`, by the storage that holds
+# most of the draft's weights: one more node's cost in units of a one-node level (the per-node slope at 8 rows),
+# so a seeded level of w nodes costs `tree_level_prior` × (1 + row × (w − 1)) draft steps
+# (benchmarks/bench_level_rows.py, quiet 2-core EPYC, 3 December 2026,
+# benchmarks/results/epyc-2c-2026-12-03-level-rows.md). Without it a level was priced as one node whatever its
+# width, and seeded tree="auto" grew 8-wide levels of an int8 draft in bf16 at T = 1 where the chain was faster
+# (1.47× against 1.73×).
+TREE_ROW_PRIOR = {"int4": 0.33, "int8": 0.23, "bfloat16": 0.04, "float32": 0.10}
+
 
 def tree_level_prior(compiled: bool) -> float:
     """A token-tree draft level's cost over the chain's draft step (`TREE_LEVEL_PRIOR`), fixed before decoding."""
     return TREE_LEVEL_PRIOR["compiled" if compiled else "eager"]
+
+
+def tree_row_prior(storage: str) -> float:
+    """One more node of a tree level, in one-node levels (`TREE_ROW_PRIOR`; a storage not listed: fp32's)."""
+    return TREE_ROW_PRIOR.get(storage, TREE_ROW_PRIOR["float32"])

@@ -8,9 +8,9 @@ this round's draws, so the output law is the target's whichever is taken.
 - **Seeded** (`AutoShape.timed` False): both are priced with the acceptance model the tree grows with
   (`AutoShape.chance`, which chain rounds feed too: a chain's draft token is a first child) and costs fixed before
   decoding, in one-token target passes: a chain round of γ costs γ draft steps (c, the bytes-ratio prior) plus
-  `verify_prior(γ + 1)`; a tree round costs its root step, its levels at c × `TREE_LEVEL_PRIOR` (an eager
-  multi-node call), `verify_prior(n + 1)` for its n nodes and `TREE_ROUND_PRIOR` (the 4-D mask, position ids and
-  the walk). The tree's expected tokens come from `plan`, the tree `grow` would build from the acceptance model
+  `verify_prior(γ + 1)`; a tree round costs its root step, each level at c × `TREE_LEVEL_PRIOR` (an eager
+  multi-node call) × (1 + `TREE_ROW_PRIOR` × (w − 1)) for its w nodes, `verify_prior(n + 1)` for its n nodes
+  and `TREE_ROUND_PRIOR` (the 4-D mask, position ids and the walk). The tree's expected tokens come from `plan`, the tree `grow` would build from the acceptance model
   alone. With a fixed γ the chain is priced at that γ; with γ "auto" at its best γ under the same model (the
   chain the policy aims at: a policy that has just dropped to γ 0 after a few early rejections is not taken for
   what the chain can do). A tree is grown when it promises `TREE_MARGIN` (10 %) more expected tokens per unit
@@ -42,13 +42,14 @@ DECAY = 0.9  # timed: weight of a path's earlier rounds in its rate
 TREE_MARGIN = 0.1
 
 
-def plan(shape: AutoShape, depth_room: int) -> tuple[float, int, int]:
+def plan(shape: AutoShape, depth_room: int) -> tuple[float, int, list[int]]:
     """The tree `grow` would build from the acceptance model alone (each candidate's worth: its reach): its
-    expected tokens (1 + Σ reach), its nodes and its draft levels after the root."""
+    expected tokens (1 + Σ reach), its nodes and the widths of its draft levels after the root."""
     limits = shape.limits
-    node_floor, level_floor = shape.node_floor(), shape.level_floor()
+    node_floor = shape.node_floor()
+    expand_floor = node_floor + shape.row_floor()
     depth_max = min(limits.depth, depth_room)
-    frontier, tokens, nodes, levels = [1.0], 1.0, 0, 0
+    frontier, tokens, nodes, levels = [1.0], 1.0, 0, []
     for depth in range(1, depth_max + 1):
         chances = [shape.chance(depth, r) for r in range(limits.branch)]
         cands = sorted(((x * ch, i, r) for i, x in enumerate(frontier) for r, ch in enumerate(chances)),
@@ -69,10 +70,10 @@ def plan(shape: AutoShape, depth_room: int) -> tuple[float, int, int]:
         if depth == depth_max or nodes >= limits.nodes:
             break
         nxt = shape.chance(depth + 1, 0)
-        ranked = [x for x in sorted(new, reverse=True)[: limits.width] if x * nxt >= node_floor]
-        if not ranked or sum(ranked) * nxt < level_floor:
+        ranked = [x for x in sorted(new, reverse=True)[: limits.width] if x * nxt >= expand_floor]
+        if not ranked or sum(ranked) * nxt < shape.level_floor(len(ranked)):
             break
-        levels += 1
+        levels.append(len(ranked))
         frontier = ranked
     return tokens, nodes, levels
 
@@ -94,7 +95,8 @@ def chain_rate(shape: AutoShape, gamma: int, best: bool = False) -> float:
 def tree_rate(shape: AutoShape, depth_room: int) -> float:
     """A tree round as `plan` sees it: expected tokens per one-token target pass, with the priors (module doc)."""
     tokens, nodes, levels = plan(shape, depth_room)
-    cost = shape.c_prior + levels * shape.level_prior + verify_prior(nodes + 1, shape.device, shape.dtype)
+    cost = (shape.c_prior + sum(shape.level_cost(width) for width in levels)
+            + verify_prior(nodes + 1, shape.device, shape.dtype))
     return tokens / (cost + TREE_ROUND_PRIOR)
 
 

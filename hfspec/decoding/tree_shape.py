@@ -61,6 +61,7 @@ class AutoShape:
         self.device, self.dtype = device, dtype
         self.slope_prior = verify_slope_prior(device, dtype, "tree")  # seeded runs: fixed before decoding
         self.level_factor = tree_level_prior(compiled=False)  # a level over a draft step (`DynamicTree.check` sets it)
+        self.row_factor = 0.0  # seeded: one more node of a level over a one-node level (`TREE_ROW_PRIOR`, ditto)
         self.limits = TreeShape(NODES_MAX, DEPTH_MAX, BRANCH_MAX, 8)
         self.tried: dict[tuple[int, int], float] = {}
         self.accepted: dict[tuple[int, int], float] = {}
@@ -117,8 +118,20 @@ class AutoShape:
     def node_floor(self) -> float:
         return self.rate() * self.costs()[0]
 
-    def level_floor(self) -> float:
-        return self.rate() * self.costs()[1]
+    def level_floor(self, width: int = 1) -> float:
+        """What a level of `width` nodes must bring in expected tokens: the rate times its cost."""
+        return self.rate() * self.level_cost(width)
+
+    def level_cost(self, width: int) -> float:
+        """A draft level of `width` nodes in one-token target passes: seeded, a one-node level's prior × (1 + row ×
+        (width − 1)) (the packed kernels' cost grows with their rows); timed, the run's median level."""
+        level = self.costs()[1]
+        return level if self.timed else level * (1.0 + self.row_factor * (max(1, width) - 1))
+
+    def row_floor(self) -> float:
+        """What expanding one more node of a level must bring beyond its verify position (seeded: its row of the
+        level's products; timed: 0, the measured level holds the run's usual widths)."""
+        return 0.0 if self.timed else self.rate() * self.costs()[1] * self.row_factor
 
     def observe(self, nodes: list, path: list[int], levels: int, positions: int, verify_seconds: float,
                 level_seconds: list[float]) -> None:

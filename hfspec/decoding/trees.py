@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from hfspec.decoding.chain import propose, verify_chain
-from hfspec.decoding.priors import tree_level_prior
+from hfspec.decoding.priors import tree_level_prior, tree_row_prior
 from hfspec.decoding.round import Proposal, RoundTree, Verdict, history_groups
 from hfspec.decoding.sampling import draw_without_replacement, sample, verify_children
 from hfspec.decoding.siblings import check_tree_target
@@ -44,6 +44,7 @@ from hfspec.drafts.base import ModelDraft
 from hfspec.kernels import cache as kv
 from hfspec.kernels.kv_model import CachedModel
 from hfspec.kernels.lean import LeanRunner
+from hfspec.kernels.lean_layers import LeanLinear
 from hfspec.validate import bad_value
 
 
@@ -77,9 +78,10 @@ class DynamicTree:
 
     def check(self, target, run: RoundState) -> None:
         check_dynamic_tree(target, run.target, run.draft)
-        if self.auto:  # a level is an eager multi-node call: dearer than a compiled chain step
+        if self.auto:  # a level is an eager multi-node call: dearer than a compiled chain step, more with its width
             compiled = getattr(run.draft.runner, "compiled_step", None) is not None
             self.shape.level_factor = tree_level_prior(compiled)
+            self.shape.row_factor = tree_row_prior(draft_storage(run.draft.runner))
 
     def propose_and_verify(self, run: RoundState) -> tuple[Proposal, Verdict]:
         if self.choice is not None and not self.choice.use_tree(run):
@@ -104,6 +106,25 @@ def chain_round(run: RoundState, tree: DynamicTree) -> tuple[Proposal, Verdict]:
                              tuple(range(n)), int(verdict.token[0]), "bonus" if n == gamma else "resampled",
                              chain=True)
     return proposal, verdict
+
+
+def draft_storage(runner) -> str:
+    """What holds most of a draft's weights, as `TREE_ROW_PRIOR` names it: "int4" or "int8" (the lean step's packed
+    CPU kernels), else the dtype of its float weights ("bfloat16", "float32", ...)."""
+    model = getattr(runner, "model", runner)
+    counts: dict[str, int] = {}
+    for module in model.modules():
+        if isinstance(module, LeanLinear):
+            kind = "int4" if module.int4 else "int8" if module.int8 else None
+            if kind is None:
+                weight = getattr(module, "weight", None)
+                kind = str(weight.dtype).removeprefix("torch.") if weight is not None else "float32"
+            counts[kind] = counts.get(kind, 0) + module.out_features * module.in_features
+    if not counts:
+        for p in model.parameters():
+            kind = str(p.dtype).removeprefix("torch.")
+            counts[kind] = counts.get(kind, 0) + p.numel()
+    return max(counts, key=counts.get) if counts else "float32"
 
 
 def check_dynamic_tree(target, runner, draft) -> None:
@@ -208,7 +229,7 @@ def grow(tree: DynamicTree, draft_side: _DraftSide, scorer, groups, generator, g
     auto = tree.auto
     limits = shape.limits if auto else shape
     node_floor = shape.node_floor() if auto else 0.0
-    level_floor = shape.level_floor() if auto else 0.0
+    expand_floor = node_floor + shape.row_floor() if auto else 0.0  # a node decoded in the next level
     nodes = [_Node(-1, -1, 0, 0, 1.0, 1.0, [])]
     nodes[0].dist = _dists(scorer, groups, nodes, [0], draft_side.root().float(), greedy)[0]
     frontier, levels = [0], 0
@@ -255,8 +276,8 @@ def grow(tree: DynamicTree, draft_side: _DraftSide, scorer, groups, generator, g
         ranked = ranked[: limits.width]
         if auto:
             worth = {k: nodes[k].reach * acc.chance(depth + 1, 0) for k in ranked}
-            ranked = [k for k in ranked if worth[k] >= node_floor]
-            if not ranked or sum(worth[k] for k in ranked) < level_floor:
+            ranked = [k for k in ranked if worth[k] >= expand_floor]
+            if not ranked or sum(worth[k] for k in ranked) < shape.level_floor(len(ranked)):
                 break
         logits = draft_side.level(nodes, ranked).float()
         levels += 1
