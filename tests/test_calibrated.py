@@ -16,7 +16,7 @@ from hfspec.drafts import calibrated, make_draft
 from hfspec.drafts.fidelity import fidelity
 from hfspec.drafts.registry import parse
 from hfspec.errors import HfspecError
-from hfspec.quant import calibrate, gptq
+from hfspec.quant import calibrate, gptq, refit
 from hfspec.quant.calibrate import Calibration, Coded, calibration_matrices, self_samples
 from hfspec.quant.groupwise import group_dequantize, group_quantize
 
@@ -70,7 +70,7 @@ def test_refit_grid_is_the_least_output_error_for_its_codes(k, group):
     w = torch.randn(40, k) * 0.05
     h = gptq.hessian_update(None, x)
     q, s, z = gptq.gptq_quantize(w, h, 4, group, act_order=True)
-    s2, z2 = gptq.refit_grid(w, h, q, s, z, group, damp=0.0)
+    s2, z2 = refit.refit_grid(w, h, q, s, z, group, damp=0.0)
     assert s2.dtype == z2.dtype == torch.float16 and s2.shape == s.shape and bool((s2 > 0).all())
     err = lambda sc, ze, hh=h: gptq.output_error(w, group_dequantize(q, sc, ze, group), hh)  # noqa: E731
     assert err(s2, z2) < 0.97 * err(s, z)
@@ -90,15 +90,15 @@ def test_refit_grid_eliminating_the_offsets_solves_the_same_systems(monkeypatch)
     w = torch.randn(48, 128, generator=torch.Generator().manual_seed(5)) * 0.05
     h = gptq.hessian_update(None, x)
     q, s, z = gptq.gptq_quantize(w, h, 4, 32, act_order=True)
-    schur = gptq.refit_grid(w, h, q, s, z, 32)
-    factor = gptq._offsets_factor
-    monkeypatch.setattr(gptq, "_offsets_factor", lambda m22: None)
-    whole = gptq.refit_grid(w, h, q, s, z, 32)
+    schur = refit.refit_grid(w, h, q, s, z, 32)
+    factor = refit._offsets_factor
+    monkeypatch.setattr(refit, "_offsets_factor", lambda m22: None)
+    whole = refit.refit_grid(w, h, q, s, z, 32)
     for a, b in zip(schur, whole, strict=True):
         assert (a.float() - b.float()).abs().max() <= 2e-3 * b.float().abs().max()
     assert not torch.equal(schur[0], s), "the grids moved"
-    monkeypatch.setattr(gptq, "_offsets_factor", lambda m22: (factor(m22)[0].t().contiguous(), factor(m22)[1]))
-    wrong = gptq.refit_grid(w, h, q, s, z, 32)
+    monkeypatch.setattr(refit, "_offsets_factor", lambda m22: (factor(m22)[0].t().contiguous(), factor(m22)[1]))
+    wrong = refit.refit_grid(w, h, q, s, z, 32)
     assert (wrong[1].float() - whole[1].float()).abs().max() > 1e-2 * whole[1].float().abs().max()
 
 
@@ -113,7 +113,7 @@ def test_refit_error_change_from_the_eliminated_parts_is_the_output_error_change
     q, s, z = gptq.gptq_quantize(w, h, 4, 32, act_order=True)
     hf = h.clone()  # no dampening: the system is H's own
     m22 = hf.view(3, 32, 3, 32).sum(dim=(1, 3))
-    system = gptq._Eliminated(hf, w.float(), m22, *gptq._offsets_factor(m22))
+    system = refit._Eliminated(hf, w.float(), m22, *refit._offsets_factor(m22))
     mid = 7.5
     old = torch.cat([s.float(), z.float() + mid * s.float()], 1)
     _, _, finite, change = system.solve(q.float().view(12, 3, 32) - mid, 0, 12, old)
@@ -172,7 +172,7 @@ def test_a_given_grid_is_swept_against_as_given():
     w = torch.randn(16, 64) * 0.05
     h = gptq.hessian_update(None, x)
     q, s, z = gptq.gptq_quantize(w, h, 4, 32, act_order=True)
-    s2, z2 = gptq.refit_grid(w, h, q, s, z, 32)
+    s2, z2 = refit.refit_grid(w, h, q, s, z, 32)
     q2, s3, z3 = gptq.gptq_quantize(w, h, 4, 32, act_order=True, grid=(s2, z2))
     assert torch.equal(s3, s2) and torch.equal(z3, z2) and not torch.equal(q2, q)
 
@@ -443,14 +443,14 @@ def test_refit_grid_keeps_the_grid_where_the_system_is_singular_or_not_finite():
     q, s, z = gptq.gptq_quantize(w, h, 4, 32, act_order=True)
     dead = h.clone()
     dead[:32], dead[:, :32] = 0.0, 0.0
-    s2, z2 = gptq.refit_grid(w, dead, q, s, z, 32, damp=0.0)
+    s2, z2 = refit.refit_grid(w, dead, q, s, z, 32, damp=0.0)
     assert torch.isfinite(s2.float()).all() and torch.isfinite(z2.float()).all()
     moved = ~(torch.eq(s2[:, 1], s[:, 1]) & torch.eq(z2[:, 1], z[:, 1]))
     assert bool(moved.any()), "the reached group's grid moves"
     assert torch.equal(s2[moved, 0], s[moved, 0]) and torch.equal(z2[moved, 0], z[moved, 0])
     poisoned = h.clone()
     poisoned[5, 7] = float("nan")
-    s3, z3 = gptq.refit_grid(w, poisoned, q, s, z, 32)
+    s3, z3 = refit.refit_grid(w, poisoned, q, s, z, 32)
     assert torch.equal(s3, s) and torch.equal(z3, z)
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hfspec.quant import gptq, groupwise
+from hfspec.quant import gptq, groupwise, refit
 from hfspec.quant.known_layers import Conv1D
 
 HESSIAN_BYTES = 1 << 30  # Hessians held before their layers are quantised (more layers: fewer, larger GPTQ sweeps)
@@ -230,7 +230,7 @@ def gptq_codes(model: nn.Module, found: dict[str, torch.Tensor], names: list[str
                     q, scale, zero = gptq.gptq_quantize(w, h, bits, group_size, settings.damp, settings.shrink,
                                                         settings.act_order, (scale, zero))
                 for i in range(len(part)):
-                    scale[i], zero[i] = gptq.refit_grid(w[i], h[i], q[i], scale[i], zero[i], group_size,
+                    scale[i], zero[i] = refit.refit_grid(w[i], h[i], q[i], scale[i], zero[i], group_size,
                                                         settings.damp)
             for i, name in enumerate(part):
                 codes[name] = Coded(q[i].clone(), scale[i].clone(), zero[i].clone())
