@@ -193,3 +193,41 @@ def test_hfspec_gui_threads_reaches_the_dashboard_as_the_docs_say(monkeypatch):
     assert got == [["--threads", "3"]]
     docs = (ROOT / "docs" / "dashboard.md").read_text()
     assert "`hfspec gui --threads N`" in docs and "plus `--threads N`" not in docs
+
+
+# ------------------------------------------------------------------------------------- item 5: the Compare table
+COMPARED_DRAFTS = ("rtn4", "rtn3-g64", "bnb-nf4", "lookup", "presets/models/nano",
+                   "presets/models/micro | presets/models/nano-rtn4-compiled")
+
+
+def test_the_compare_table_shows_every_column_without_scrolling_sideways_at_1024x700(qtbot, window):
+    _small(qtbot, window)
+    window.tabs.setCurrentWidget(window.compare)
+    rows = [_row(CompareRow, d, 4, label=d, fidelity=0.912) for d in COMPARED_DRAFTS]
+    for row in rows:  # 3 repeats of 16 tokens at a small model's CPU rate
+        row.tokens_per_second, row.new_tokens, row.baseline_new_tokens = 1234.5, 48, 48
+    rows[1].pairs = 2  # rough: its measured cell carries the word
+    rows[2].measured_speedup, rows[2].flags = 12.34, "implausible: above the 3.9× its passes allow"
+    rows[3].c_time = rows[3].predicted_speedup = 0.0  # lookup: no draft forward, "—"
+    rows[4].load_avg = 12.75
+    window.compare.show_rows(rows)
+    QApplication.processEvents()
+    table = window.compare.table
+    bar = table.horizontalScrollBar()
+    widths = ", ".join(f"{table.horizontalHeaderItem(c).text()}={table.columnWidth(c)}"
+                       for c in range(table.columnCount()))
+    assert bar.maximum() == 0 or not bar.isVisible(), f"scrolls sideways in {table.viewport().width()} px: {widths}"
+    assert sum(map(table.columnWidth, range(table.columnCount()))) <= table.viewport().width(), widths
+    # the draft column keeps room for a short entry; a long one is elided with its whole text in the tooltip
+    assert table.columnWidth(0) >= table.fontMetrics().horizontalAdvance("rtn3-g64-compiled"), widths
+    assert table.item(5, 0).toolTip().startswith(COMPARED_DRAFTS[5])
+    # nothing is lost: each figure's ± 1 s.d., the tokens run / plain and the conditions are in the tooltips
+    col = {table.horizontalHeaderItem(c).text(): c for c in range(table.columnCount())}
+    assert table.item(0, col["α"]).text() == "0.900" and "0.900 ± 0.010" in table.item(0, col["α"]).toolTip()
+    rough = table.item(1, col["measured ×"])
+    assert rough.text() == "1.50× ?" and "rough" in rough.toolTip()  # the word in the tooltip, the cell coloured
+    assert table.item(2, col["measured ×"]).text() == "12.34× ?"
+    assert "implausible: above the 3.9×" in table.item(2, col["measured ×"]).toolTip()
+    measured = table.item(4, col["measured ×"]).toolTip()
+    assert "1.50× ± 0.10" in measured and "48 / 48" in measured and "2 threads · load 12.75" in measured
+    assert table.item(3, col["predicted ×"]).text() == "—"
