@@ -7,8 +7,10 @@ Targets: `micro` (the embedded model, trained in fp32) and `smollm2-offgrid` (Sm
 grid by benchmarks/offgrid.py); add `smollm2` to see the shipped, 4-bit-exact folder as a labelled best case.
 Each row is one (target, dtype, T, draft, γ) against plain generate, timed by the ruler (common.against_plain:
 interleaved rounds, a warm-up round not counted, the median of per-round ratios with its interval, outliers
-re-measured, a stability verdict). α and tokens per pass are pooled over the kept rounds. T = 1 is pure sampling
-(top-k 0, top-p 1). Drafts are built (and calibrated, compiled) before timing; their build is not in the figures.
+re-measured, a stability verdict). α and tokens per pass are pooled over the kept rounds. "vs chain": a γ "auto"
+row's tokens/s over its draft's fastest fixed-γ row, a tree row's over its draft's chain at the same γ, as the
+median of per-round ratios (both ran in every round: rows compared this way share the rounds' drift, which a
+comparison of two "vs plain" columns does not cancel). T = 1 is pure sampling (top-k 0, top-p 1). Drafts are built (and calibrated, compiled) before timing; their build is not in the figures.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ def main() -> None:
 def render(header: str, rows: list[dict]) -> list[str]:
     """The table: one row per measurement, a short verdict per row and each distinct warning once below."""
     lines = [header, "", "| target | dtype | T | draft | γ | α | tokens / pass | plain tok/s | hfspec tok/s | vs plain | "
-             "interval | verdict |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "interval | vs chain | verdict |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     notes: list[str] = []
     for r in rows:
         verdict = r["flags"] or f"{'stable' if r['stable'] else 'unstable'} ({r['pairs']} pairs)"
@@ -80,8 +82,16 @@ def render(header: str, rows: list[dict]) -> list[str]:
             verdict += f" [{notes.index(r['warnings']) + 1}]"
         lines.append(f"| {LABELS.get(r['target'], r['target'])} | {r['dtype']} | {r['temperature']:g} | {r['draft']} | "
                      f"{r['gamma']} | {r['alpha']:.3f} | {r['tokens_per_pass']:.2f} | {r['plain_tok_s']:.1f} | "
-                     f"{r['tok_s']:.1f} | **{r['vs_plain']:.2f}×** | {common.interval_cell(r)} | {verdict} |")
+                     f"{r['tok_s']:.1f} | **{r['vs_plain']:.2f}×** | {common.interval_cell(r)} | {_chain_cell(r)} | "
+                     f"{verdict} |")
     return lines + [""] + [f"[{i + 1}] {note}" for i, note in enumerate(notes)]
+
+
+def _chain_cell(r: dict) -> str:
+    """"0.97× of γ 4 (0.90–1.05)" for a row paired with a chain (`chain_pair`), else "—"."""
+    if "vs_chain" not in r:
+        return "—"
+    return f"{r['vs_chain']:.2f}× of {r['vs_chain_of']} ({common.interval_cell(r, 'vs_chain')})"
 
 
 def measure(args) -> list[dict]:
@@ -102,12 +112,30 @@ def measure(args) -> list[dict]:
                                               args.seed)
                 for key, r in result.items():
                     spec, gamma, tree = next(run for run in runs if _key(*run) == key)
-                    gamma = gamma if tree is None else f"tree {tree}"
-                    row = {"target": name, "dtype": dtype, "temperature": temperature, "draft": spec, "gamma": gamma,
-                           **r}
+                    row = {"target": name, "dtype": dtype, "temperature": temperature, "draft": spec,
+                           "gamma": gamma if tree is None else f"tree {tree}", **chain_pair(result, runs, spec, gamma,
+                                                                                           tree), **r}
+                    row.pop("round_rates", None)
                     rows.append(row)
                     print(render("", [row])[4], flush=True)  # the row itself
     return rows
+
+
+def chain_pair(result: dict, runs: list, spec: str, gamma: str, tree) -> dict:
+    """For a γ "auto" chain row: its tokens/s over the same draft's fastest fixed-γ chain, round by round
+    (`common.paired`); for a tree row, over the same draft's chain at the same γ (else the fastest fixed γ).
+    {} for a fixed-γ chain row or where there is nothing to pair with."""
+    fixed = [g for s, g, t in runs if s == spec and t is None and g != "auto"]
+    if tree is None and gamma != "auto":
+        return {}
+    chain = _key(spec, gamma, None) if tree is not None and _key(spec, gamma, None) in result else None
+    if chain is None and fixed:
+        chain = _key(spec, max(fixed, key=lambda g: result[_key(spec, g, None)]["tok_s"]), None)
+    if chain is None:
+        return {}
+    pair = common.paired(result[_key(spec, gamma, tree)], result[chain])
+    return {"vs_chain": pair.median, "vs_chain_low": pair.low, "vs_chain_high": pair.high,
+            "vs_chain_of": "γ " + chain.split("@")[1]}
 
 
 def _key(spec: str, gamma: str, tree) -> str:

@@ -109,7 +109,7 @@ def against_plain(target, ids, runs: dict, temperature: float, tokens: int, repe
     (`timed_rounds`: interleaved, a warm-up round not counted, round r seeded with seed + r, outliers re-measured),
     each making exactly `tokens` tokens. Per key: alpha and tokens_per_pass (pooled over kept rounds),
     draft_ms_per_forward (median), tok_s and vs_plain (medians) with vs_plain_low/high, pairs, stable, warnings,
-    flags, plain_tok_s."""
+    flags, plain_tok_s, round_rates (tokens/s of each kept round: `paired` compares two keys round by round)."""
     import statistics
 
     import hfspec
@@ -139,8 +139,15 @@ def against_plain(target, ids, runs: dict, temperature: float, tokens: int, repe
                     "tokens_per_pass": sum(s.new_tokens for s in st) / sum(s.target_passes for s in st),
                     "draft_ms_per_forward": statistics.median(s.time_draft / max(1, s.draft_forwards)
                                                               for s in st) * 1e3,
+                    "round_rates": [k[key].rate for k in timings.kept],  # tokens/s per kept round, for pairing
                     **ruler_columns(timings, key)}
     return out
+
+
+def paired(a: dict, b: dict) -> Interval:
+    """Two `against_plain` results of one call, a over b: the per-round ratio of their tokens/s (both ran in every
+    round, so the machine's drift between rounds cancels), median and interval."""
+    return Interval.of(x / y for x, y in zip(a["round_rates"], b["round_rates"], strict=True) if y > 0)
 
 
 # ------------------------------------------------------------------------------------------------ clocks
