@@ -113,7 +113,7 @@ def test_refit_error_change_from_the_eliminated_parts_is_the_output_error_change
     q, s, z = gptq.gptq_quantize(w, h, 4, 32, act_order=True)
     hf = h.clone()  # no dampening: the system is H's own
     m22 = hf.view(3, 32, 3, 32).sum(dim=(1, 3))
-    system = refit._Eliminated(hf, w.float(), m22, *refit._offsets_factor(m22))
+    system = refit._Eliminated(hf, w.float(), hf.view(3, 32, 3, 32).sum(dim=1), m22, *refit._offsets_factor(m22))
     mid = 7.5
     old = torch.cat([s.float(), z.float() + mid * s.float()], 1)
     _, _, finite, change = system.solve(q.float().view(12, 3, 32) - mid, 0, 12, old)

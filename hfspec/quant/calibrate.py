@@ -231,7 +231,7 @@ def gptq_codes(model: nn.Module, found: dict[str, torch.Tensor], names: list[str
                                                         settings.act_order, (scale, zero))
                 for i in range(len(part)):
                     scale[i], zero[i] = refit.refit_grid(w[i], h[i], q[i], scale[i], zero[i], group_size,
-                                                        settings.damp)
+                                                         settings.damp)
             for i, name in enumerate(part):
                 codes[name] = Coded(q[i].clone(), scale[i].clone(), zero[i].clone())
             if meter is not None:

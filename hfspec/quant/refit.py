@@ -29,7 +29,7 @@ def refit_grid(w: torch.Tensor, h: torch.Tensor, q: torch.Tensor, scale: torch.T
     centred the two columns of a group are nearly orthogonal, so the systems are well conditioned. Each row's
     system is [[A, Eᵀ], [E, C]]: A (scales) and E depend on the row's codes, C (offsets) does not. The offsets
     are eliminated (`_Eliminated`): a G-sized Cholesky factor a row in fp32; where C is not positive definite
-    (a group no input reached) each row's whole 2G system is solved (`_whole`). A row whose fp32 factor fails is
+    (a group no input reached) each row's whole 2G system is solved (`_Whole`). A row whose fp32 factor fails is
     solved again whole in fp64 (LU)."""
     n, k = w.shape
     groups = scale.shape[1]
@@ -38,6 +38,7 @@ def refit_grid(w: torch.Tensor, h: torch.Tensor, q: torch.Tensor, scale: torch.T
     hf = torch.nn.functional.pad(h.float(), (0, pad, 0, pad))  # [Kp, Kp]: padded columns weigh nothing
     hf.diagonal()[:k] += damp * float(torch.diagonal(h).double().mean())
     hb = hf.view(groups, group_size, groups, group_size)
+    h_rows = hb.sum(dim=1)  # [G(a), G(b), g]: Σ_{i in a} H[i, (b, j)], S H by groups
     m22 = hb.sum(dim=(1, 3))  # [G, G]: Σ over both groups' H entries (the offsets' block)
     if not bool(torch.isfinite(m22).all()):  # a poisoned Hessian (any entry non-finite: its group's sum is) poisons
         return scale.clone(), zero.clone()  # every row's system: all keep their grids
@@ -45,7 +46,7 @@ def refit_grid(w: torch.Tensor, h: torch.Tensor, q: torch.Tensor, scale: torch.T
     qg = (torch.nn.functional.pad(q.float(), (0, pad)).view(n, groups, group_size) - mid) * real
     wp = torch.nn.functional.pad(w.float(), (0, pad))  # [N, Kp]
     offsets = _offsets_factor(m22)
-    system = _Eliminated(hf, wp, m22, *offsets) if offsets is not None else _Whole(hf, wp, m22)
+    system = _Eliminated(hf, wp, h_rows, m22, *offsets) if offsets is not None else _Whole(hf, wp, h_rows, m22)
     scale_out, zero_out = scale.clone(), zero.clone()
     step = max(REFIT_ROWS, REFIT_SYSTEMS // ((1 if offsets is not None else 4) * groups**2))
     for r0 in range(0, n, step):
@@ -57,7 +58,7 @@ def refit_grid(w: torch.Tensor, h: torch.Tensor, q: torch.Tensor, scale: torch.T
         redo = ((info != 0) | ~torch.isfinite(theta).all(1)) & finite
         if bool(redo.any()):  # fp32 was not enough for these rows: fp64 LU, and a row that is singular keeps its grid
             rows = torch.arange(r0, r1)[redo]
-            m, rhs = _whole_rows(qc[redo], hb, m22, wp[rows] @ hf)
+            m, rhs = _whole_rows(qc[redo], hb, h_rows, m22, wp[rows] @ hf)
             theta[redo] = _solve64(m, rhs + _ridge(m.diagonal(dim1=1, dim2=2)) * old[redo], old[redo]).float()
         theta = torch.where(finite[:, None], theta, old)
         new_scale = theta[:, :groups].clamp(-65504, 65504).half()
@@ -69,14 +70,15 @@ def refit_grid(w: torch.Tensor, h: torch.Tensor, q: torch.Tensor, scale: torch.T
     return scale_out, zero_out
 
 
-def _whole_rows(qc: torch.Tensor, hb: torch.Tensor, m22: torch.Tensor, hw: torch.Tensor
+def _whole_rows(qc: torch.Tensor, hb: torch.Tensor, h_rows: torch.Tensor, m22: torch.Tensor, hw: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(M [c, 2G, 2G], r [c, 2G]): the rows' whole normal equations M θ = r, for codes qc [c, G, g] (centred), H
-    viewed [G, g, G, g], the offsets' block m22 and H w of each row hw [c, Kp]."""
+    viewed [G, g, G, g], its group sums h_rows [G, G, g] (S H), the offsets' block m22 and H w of each row
+    hw [c, Kp]."""
     c, groups, group_size = qc.shape
     m = torch.empty(c, 2 * groups, 2 * groups)
     _scale_block(qc, hb, m[:, :groups, :groups])
-    m[:, groups:, :groups] = torch.einsum("abj,nbj->nab", hb.sum(dim=1), qc)  # offsets' rows, scales' columns
+    m[:, groups:, :groups] = torch.einsum("abj,nbj->nab", h_rows, qc)  # offsets' rows, scales' columns
     m[:, :groups, groups:] = m[:, groups:, :groups].transpose(1, 2)
     m[:, groups:, groups:] = m22
     hw = hw.view(c, groups, group_size)
@@ -86,15 +88,15 @@ def _whole_rows(qc: torch.Tensor, hb: torch.Tensor, m22: torch.Tensor, hw: torch
 class _Whole:
     """Each row's whole 2G system, one fp32 Cholesky factor a row (used where the offsets' block is singular)."""
 
-    def __init__(self, hf: torch.Tensor, wp: torch.Tensor, m22: torch.Tensor):
+    def __init__(self, hf: torch.Tensor, wp: torch.Tensor, h_rows: torch.Tensor, m22: torch.Tensor):
         groups = m22.shape[0]
-        self.hb, self.m22 = hf.view(groups, -1, groups, hf.shape[0] // groups), m22
+        self.hb, self.h_rows, self.m22 = hf.view(groups, -1, groups, hf.shape[0] // groups), h_rows, m22
         self.hw = wp @ hf  # [N, Kp]: H w of every row
         self.eye = torch.eye(2 * groups)
 
     def solve(self, qc: torch.Tensor, r0: int, r1: int, old: torch.Tensor):
         """(θ [c, 2G], info [c], finite [c], change: grid [c, 2G] -> each row's change of output error from old)."""
-        m, rhs = _whole_rows(qc, self.hb, self.m22, self.hw[r0:r1])
+        m, rhs = _whole_rows(qc, self.hb, self.h_rows, self.m22, self.hw[r0:r1])
         finite = torch.isfinite(rhs).all(1) & torch.isfinite(old).all(1)  # (m is: H is, and codes are)
         if not bool(finite.all()):  # (the full-size selections only where some row needs them)
             m, rhs = torch.where(finite[:, None, None], m, self.eye), torch.where(finite[:, None], rhs, old)
@@ -114,11 +116,12 @@ class _Eliminated:
     (Qᵀ H' Q) s = Qᵀ (H' w − Uᵀ ρ o_old) + λ s_old and o = U (w − Q s) + ρ C⁻¹ o_old, U = C⁻¹ S H, with the
     ridges λ (the row's, from its whole diagonal) and ρ (C's, in C) on the old grid, as the whole system's."""
 
-    def __init__(self, hf: torch.Tensor, wp: torch.Tensor, m22: torch.Tensor, inverse: torch.Tensor, ridge: float):
+    def __init__(self, hf: torch.Tensor, wp: torch.Tensor, h_rows: torch.Tensor, m22: torch.Tensor,
+                 inverse: torch.Tensor, ridge: float):
         groups = m22.shape[0]
         group_size = hf.shape[0] // groups
         hb = hf.view(groups, group_size, groups, group_size)
-        self.sh = hb.sum(dim=1).reshape(groups, -1)  # S H [G, Kp]
+        self.sh = h_rows.reshape(groups, -1)  # S H [G, Kp]
         v = (inverse @ self.sh.double()).float()  # L⁻¹ S H, C = L Lᵀ (C with its ridge ρ)
         self.u = (inverse.t() @ v.double()).float()  # U = C⁻¹ S H [G, Kp]
         self.c_inv = (inverse.t() @ inverse).float()
@@ -170,8 +173,8 @@ class _Eliminated:
         d, y = (new - old), (new + old)
         ys, yo = y[:, :groups], y[:, groups:]
         ey = self._q(qc, ys) @ self.sh.t()  # E y_s [c, G]
-        top = (torch.bmm(schur, ys[..., None])[..., 0] - ridge * ys + self._qt(qc, (ey @ self.c_inv + yo - 2 * uw) @ self.sh)
-               - 2 * qhpw)
+        top = (torch.bmm(schur, ys[..., None])[..., 0] - ridge * ys - 2 * qhpw
+               + self._qt(qc, (ey @ self.c_inv + yo - 2 * uw) @ self.sh))
         bottom = ey + yo @ self.m22 - 2 * shw
         return (d[:, :groups].double() * top.double()).sum(1) + (d[:, groups:].double() * bottom.double()).sum(1)
 
