@@ -35,16 +35,20 @@ def main() -> None:
     p.add_argument("--runs", default="rtn4-compiled:4,gptq4-compiled:4,gptq4-compiled:5,gptq4-compiled:auto,"
                    "gptq4-compiled:auto:auto,int8:4,int8:auto,int8:auto:auto",
                    help="draft:gamma or draft:gamma:tree (tree auto: a token tree), comma-separated")
-    p.add_argument("--dtypes", default="float32,bfloat16")
+    p.add_argument("--dtypes", default="float32,bfloat16",
+                   help="comma-separated; float32+prepack: fp32 with hfspec.kernels.fast_linear.prepack")
     p.add_argument("--temperatures", default="0,1")
-    p.add_argument("--prompt", default="Once upon a time")
+    p.add_argument("--prompt", action="append", default=None,
+                   help="a prompt (repeat the flag for several: round r of a row uses prompt r mod their number, "
+                   "every method of the round the same; default: 'Once upon a time')")
     p.add_argument("--readme", action="store_true", help="replace the table in README.md's Results section")
     p.add_argument("--from-json", default=None, help="render the rows of an earlier run's JSON instead of measuring")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    args.prompt = args.prompt or ["Once upon a time"]
     day = datetime.date.today().isoformat()
-    header = (f"{common.machine_name()}, {day}, {args.threads} threads, {args.max_new_tokens} new tokens, prompt "
-              f"{args.prompt!r}, median of {args.repeats} interleaved rounds per row (load average at start "
+    header = (f"{common.machine_name()}, {day}, {args.threads} threads, {args.max_new_tokens} new tokens, "
+              f"{_prompts(args.prompt)}, median of {args.repeats} interleaved rounds per row (load average at start "
               f"{os.getloadavg()[0]:.2f}); `python benchmarks/bench_results.py --readme` regenerates it.")
     if args.from_json:
         data = json.loads(Path(args.from_json).read_text())
@@ -101,8 +105,12 @@ def measure(args) -> list[dict]:
     rows = []
     for name, folder in common.model_folders(args).items():
         for dtype in args.dtypes.split(","):
-            target, tok = common.load(folder, dtype)
-            ids = common.prompt_ids(tok, args.prompt)
+            target, tok = common.load(folder, dtype.removesuffix("+prepack"))
+            if dtype.endswith("+prepack"):  # fp32 with oneDNN-prepacked weights for multi-row calls (both sides)
+                from hfspec.kernels import fast_linear
+
+                fast_linear.prepack(target)
+            ids = [common.prompt_ids(tok, text) for text in args.prompt]
             drafts = {spec: hfspec.make_draft(target, spec) for spec in dict.fromkeys(s for s, _, _ in runs)}
             for temperature in (float(t) for t in args.temperatures.split(",")):
                 keyed = {_key(spec, gamma, tree): (drafts[spec], gamma if gamma == "auto" else int(gamma),
@@ -136,6 +144,13 @@ def chain_pair(result: dict, runs: list, spec: str, gamma: str, tree) -> dict:
     pair = common.paired(result[_key(spec, gamma, tree)], result[chain])
     return {"vs_chain": pair.median, "vs_chain_low": pair.low, "vs_chain_high": pair.high,
             "vs_chain_of": "γ " + chain.split("@")[1]}
+
+
+def _prompts(texts: list[str]) -> str:
+    """The header's words for the prompts: one, or several taken in turn by the rounds."""
+    if len(texts) == 1:
+        return f"prompt {texts[0]!r}"
+    return f"{len(texts)} prompts in turn by round ({', '.join(repr(t) for t in texts)})"
 
 
 def _key(spec: str, gamma: str, tree) -> str:

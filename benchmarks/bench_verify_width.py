@@ -7,7 +7,8 @@ seeded runs' prior from it) and the reason a chain's verify pass decides fp32's 
 Steps are timed by the benchmarks' one operator timer (`common.time_operators`: interleaved, the order rotating,
 warm-up rounds not counted, outliers re-measured). Reported per width: median ms, the median per-round ratio to
 the one-token step with its interval, and the slope (ratio − 1) / (w − 1): the marginal cost of one more position
-in one-token steps.
+in one-token steps. A dtype written `float32+prepack` is fp32 with `hfspec.kernels.fast_linear.prepack` (oneDNN's
+blocked copy of every linear weight for calls of two rows or more; the one-token step is unchanged).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from common import (
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
     p.set_defaults(models="smollm2-offgrid")
-    p.add_argument("--dtypes", default="float32,bfloat16")
+    p.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated; float32+prepack: fp32 prepacked")
     p.add_argument("--widths", default="1,2,5,8,16,24,32")
     p.add_argument("--context", type=int, default=64)
     p.add_argument("--steps", type=int, default=30)
@@ -45,7 +46,11 @@ def main() -> None:
     rows = []
     for name, folder in model_folders(args).items():
         for dtype in args.dtypes.split(","):
-            target, _ = load(folder, dtype)
+            target, _ = load(folder, dtype.removesuffix("+prepack"))
+            if dtype.endswith("+prepack"):
+                from hfspec.kernels import fast_linear
+
+                fast_linear.prepack(target)
             ids = torch.randint(0, target.config.vocab_size, (1, args.context + max(widths)),
                                 generator=torch.Generator().manual_seed(0))
             timers = {f"w{w}": step_timer(target, ids, args.context, w) for w in widths}

@@ -109,7 +109,9 @@ def against_plain(target, ids, runs: dict, temperature: float, tokens: int, repe
     (`timed_rounds`: interleaved, a warm-up round not counted, round r seeded with seed + r, outliers re-measured),
     each making exactly `tokens` tokens. Per key: alpha and tokens_per_pass (pooled over kept rounds),
     draft_ms_per_forward (median), tok_s and vs_plain (medians) with vs_plain_low/high, pairs, stable, warnings,
-    flags, plain_tok_s, round_rates (tokens/s of each kept round: `paired` compares two keys round by round)."""
+    flags, plain_tok_s, round_rates (tokens/s of each kept round: `paired` compares two keys round by round).
+    `ids`: one prompt, or a list of prompts that the rounds take in turn (round r: prompt r mod their number, the
+    same for every method of the round, so per-round ratios compare like with like)."""
     import statistics
 
     import hfspec
@@ -117,14 +119,16 @@ def against_plain(target, ids, runs: dict, temperature: float, tokens: int, repe
     sample = (dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0
               else dict(do_sample=False))
 
+    prompts = ids if isinstance(ids, list) else [ids]
+
     def plain(r):
-        target.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, **sample)
+        target.generate(prompts[r % len(prompts)], max_new_tokens=tokens, min_new_tokens=tokens, **sample)
 
     def speculative(key):
         draft, gamma, *more = runs[key]
 
         def run(r):
-            return hfspec.generate(target, ids, draft=draft, gamma=gamma, temperature=temperature,
+            return hfspec.generate(target, prompts[r % len(prompts)], draft=draft, gamma=gamma, temperature=temperature,
                                    max_new_tokens=tokens, min_new_tokens=tokens, seed=seed + r,
                                    **(more[0] if more else {}))
         return run

@@ -75,6 +75,7 @@ run fp32_linear python bench_fp32_linear.py
 run results python bench_results.py --smollm2-offgrid "$OFFGRID"
 run calibrated python bench_calibrated.py --models micro,smollm2-offgrid --smollm2-offgrid "$OFFGRID"
 run "calibration settings" python bench_calibration_settings.py --model "$OFFGRID" --reference "$SMOLLM2"
+run "distilled grids" python bench_distill.py --model "$OFFGRID" --steps 40 --lr 3e-4 --params groups
 run "calibration time" python bench_calibration_time.py --cases smollm2-offgrid,shape:smollm2-1.7b  # ~15 min, 12 GiB
 run "llama.cpp" python bench_llamacpp.py --smollm2 "$SMOLLM2" --smollm2-offgrid "$OFFGRID" --max-new-tokens 128 \
     --repeats 5  # skips itself (exit 0) without llama_cpp (an optional build, docs/benchmarks.md) or the GGUF

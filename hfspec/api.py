@@ -24,7 +24,7 @@ from hfspec.decoding.scoring import Scorer
 from hfspec.decoding.siblings import Tree
 from hfspec.decoding.stats import SpecStats
 from hfspec.decoding.stopping import Stopper
-from hfspec.decoding.trees import make_tree
+from hfspec.decoding.trees import draft_storage, make_tree
 from hfspec.decoding.verifier import Verifier
 from hfspec.drafts import make_draft as _make_draft
 from hfspec.drafts import weight_bytes as draft_weight_bytes
@@ -79,7 +79,7 @@ def speculative_generate(
         policy = FixedGamma(0)
     else:  # with a seed, γ "auto" must not read this run's timings: the text must depend on the seed alone
         policy = (_policy(request.gamma, stats) if request.seed is None
-                  else _seeded_policy(request.gamma, stats, input_ids.device))
+                  else _seeded_policy(request.gamma, stats, input_ids.device, _storage(request.draft)))
     job = DecodeJob(
         scorer=Scorer(logits_processor, sampling, validate.vocab_size(model)),
         stopper=Stopper(stopping_criteria, eos, generation_config.max_length),
@@ -98,7 +98,7 @@ def speculative_generate(
         check_early_exit(request.early_exit, draft)
         job.policy = early = with_early_exit(job.policy, stats)
         if request.seed is not None:
-            early.freeze(_c_prior(stats, input_ids.device))  # like γ "auto": the text must not depend on timing
+            early.freeze(_c_prior(stats, input_ids.device, _storage(request.draft)))  # like γ "auto": the text must not depend on timing
     result = decode(model, draft, input_ids, model_kwargs.get("attention_mask"), job)
     if generation_config.return_dict_in_generate:
         return SpeculativeOutput(sequences=result.sequences, stats=result.stats, token_kinds=result.kinds)
@@ -205,28 +205,34 @@ def _policy(gamma, stats: SpecStats) -> GammaPolicy:
     return FixedGamma(int(gamma))
 
 
-def _seeded_policy(gamma, stats: SpecStats, device=None) -> GammaPolicy:
+def _seeded_policy(gamma, stats: SpecStats, device=None, storage: str = "") -> GammaPolicy:
     """The γ policy of a seeded run: γ "auto" is frozen, deciding from acceptance and a cost profile fixed before
     decoding (the bytes ratio and the verify pass's prior slope for this device and dtype, `prior_model`), never
     from this run's timings, so the seed alone fixes the text on a quiet or a busy machine (`hfspec.decoding.gamma`)."""
     if gamma == "auto":
         kind = torch.device(device).type if device is not None else "cpu"
-        c = _c_prior(stats, kind)
+        c = _c_prior(stats, kind, storage)
         return AdaptiveGamma(c_prior=c, timed=False, profile=prior_model(c, kind, stats.target_dtype))
     return FixedGamma(int(gamma))
 
 
-def _c_prior(stats: SpecStats, device) -> float:
-    """A draft step's cost in target steps, fixed before decoding: the bytes ratio scaled for the device and the
-    target's dtype (`draft_step_prior`)."""
-    return draft_step_prior(stats.c_bytes, torch.device(device).type, stats.target_dtype)
+def _c_prior(stats: SpecStats, device, storage: str = "") -> float:
+    """A draft step's cost in target steps, fixed before decoding: the bytes ratio scaled for the device, the
+    target's dtype and the draft's storage (`draft_step_prior`; `_storage`)."""
+    return draft_step_prior(stats.c_bytes, torch.device(device).type, stats.target_dtype, storage)
+
+
+def _storage(draft) -> str:
+    """What holds most of a draft model's weights ("int4", "int8" or a float dtype; "" for a draft that is not a
+    model, e.g. prompt lookup): the key of its step's prior."""
+    return draft_storage(draft) if isinstance(draft, torch.nn.Module) else ""
 
 
 def _verifier(request: Request, stats: SpecStats, device) -> Verifier:
     """The run's verifier: sibling leaves (`tree` 2..8), a token tree ("auto" or a `TreeShape`), or the chain. With
     a seed, "auto" sizes the tree from priors fixed before decoding, never from this run's timings (like γ "auto")."""
-    dynamic = make_tree(request.tree, request.seed is not None, _c_prior(stats, device), torch.device(device).type,
-                        stats.target_dtype, request.gamma == "auto")
+    dynamic = make_tree(request.tree, request.seed is not None, _c_prior(stats, device, _storage(request.draft)),
+                        torch.device(device).type, stats.target_dtype, request.gamma == "auto")
     if dynamic is not None:
         return dynamic
     return Tree(request.tree) if isinstance(request.tree, int) and request.tree > 1 else Chain()

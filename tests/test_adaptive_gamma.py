@@ -207,6 +207,35 @@ def test_seeded_prior_prices_the_verify_pass_by_dtype():
     assert draft_step_prior(0.3, "cuda", "bfloat16") == 0.3
 
 
+def test_seeded_draft_step_prior_knows_the_drafts_kernel():
+    """The draft step's prior is priced by the kernel holding most of its weights: a bf16 target's int4 step
+    (gptq4-compiled: c 0.19–0.27 at bytes 0.312 on two days) is cheaper than its int8 one per byte. At α 0.85 the
+    int4 price drafts γ ≥ 5 in bf16; the single per-dtype factor it replaced (0.85) drafted γ 3 (the control),
+    where a fixed γ 5 ran 15 % faster."""
+    from hfspec.decoding.priors import DRAFT_STEP_PRIOR, draft_step_prior, prior_model
+
+    c_bytes = 0.312
+    int4 = draft_step_prior(c_bytes, "cpu", "bfloat16", "int4")
+    assert int4 == pytest.approx(c_bytes * DRAFT_STEP_PRIOR[("cpu", "bfloat16")]["int4"])
+    assert int4 < draft_step_prior(c_bytes, "cpu", "bfloat16", "int8")
+    assert draft_step_prior(c_bytes, "cpu", "bfloat16", "bfloat16") == draft_step_prior(c_bytes, "cpu", "bfloat16")
+    assert draft_step_prior(c_bytes, "cpu", "float32", "int4") == pytest.approx(0.97 * c_bytes)
+    assert draft_step_prior(c_bytes, "cuda", "bfloat16", "int4") == c_bytes
+    alpha = Acceptance(0.85)
+    assert best_gamma(prior_model(int4, "cpu", "bfloat16"), alpha, 8)[0] >= 5
+    assert best_gamma(prior_model(0.85 * c_bytes, "cpu", "bfloat16"), alpha, 8)[0] <= 3
+
+
+def test_a_seeded_run_prices_its_draft_by_the_drafts_storage():
+    from torch import nn
+
+    from hfspec.api import _storage
+
+    assert _storage(nn.Linear(4, 4)) == "float32"
+    assert _storage(nn.Linear(4, 4).to(torch.bfloat16)) == "bfloat16"
+    assert _storage("lookup") == ""
+
+
 def noisy_clock(seed):
     """A time.perf_counter that advances by random amounts, with 10x spikes: a busy machine."""
     rng, now = random.Random(seed), [0.0]

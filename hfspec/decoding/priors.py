@@ -33,17 +33,27 @@ def verify_slope_prior(device: str, dtype: str, shape: str = "chain") -> float:
     return _row(VERIFY_SLOPE_PRIOR, device, dtype)[shape]
 
 
-# A draft step's time over its bytes ratio (c time / c bytes), by device and target dtype, before a run has timed
-# any (benchmarks/bench_int8.py measures both). SmolLM2-135M, quiet, 2 December 2026: fp32 gptq4-compiled c 0.156
-# at bytes 0.156, int8 0.243 at 0.25; bf16 0.267 at 0.312, int8 0.429 at 0.50 (the bf16 target's GEMV reads its
-# bytes a little faster than the draft's int4 / int8 kernels).
-DRAFT_STEP_PRIOR = {("cpu", "float32"): 1.0, ("cpu", "bfloat16"): 0.85, ("cpu", "float16"): 0.85, ("other", ""): 1.0}
+# A draft step's time over its bytes ratio (c time / c bytes), by device, target dtype and the storage holding most
+# of the draft's weights (`hfspec.decoding.trees.draft_storage`: the lean step's int4 or int8 kernel, else its float
+# dtype), before a run has timed any. The mean of two quiet runs of benchmarks/bench_int8.py on the 2-core EPYC VM
+# with SmolLM2-135M off the grid (2 and 3 December 2026; the VM's speed moved between them, so each cell carries a
+# day-to-day spread): fp32 gptq4-compiled c 0.156 / 0.146 at bytes 0.156 (1.00 / 0.94), int8 0.243 / 0.354 at 0.25
+# (0.97 / 1.42); bf16 gptq4-compiled 0.267 / 0.190 at 0.312 (0.86 / 0.61), int8 0.429 / 0.418 at 0.50 (0.86 / 0.84).
+# One factor per dtype (bf16 0.85 from the first day alone) had priced the bf16 int4 step 0.265 where decoding
+# measured 0.195–0.205 the second day, and seeded γ "auto" drafted γ 3 where γ 5 was 15 % faster. Other storages
+# and dtypes: "other" (fp32's 1, bf16's mean of its two kernels).
+DRAFT_STEP_PRIOR = {("cpu", "float32"): {"int4": 0.97, "int8": 1.2, "other": 1.0},
+                    ("cpu", "bfloat16"): {"int4": 0.74, "int8": 0.85, "other": 0.8},
+                    ("cpu", "float16"): {"int4": 0.74, "int8": 0.85, "other": 0.8},
+                    ("other", ""): {"other": 1.0}}
 
 
-def draft_step_prior(c_bytes: float, device: str = "cpu", dtype: str = "float32") -> float:
-    """c, a draft step in target steps, fixed before decoding: the bytes ratio × `DRAFT_STEP_PRIOR` (a CPU dtype
-    not listed takes fp32's factor, any other device 1)."""
-    return c_bytes * _row(DRAFT_STEP_PRIOR, device, dtype)
+def draft_step_prior(c_bytes: float, device: str = "cpu", dtype: str = "float32", storage: str = "") -> float:
+    """c, a draft step in target steps, fixed before decoding: the bytes ratio × `DRAFT_STEP_PRIOR` for the device,
+    the target's dtype (a CPU dtype not listed takes fp32's factors, any other device 1) and the draft's storage
+    ("int4", "int8", or anything else: "other")."""
+    row = _row(DRAFT_STEP_PRIOR, device, dtype)
+    return c_bytes * row.get(storage, row["other"])
 
 
 # A verify pass over n positions, in one-token target passes, before a run has timed any: (n, t(n)) points,
