@@ -210,6 +210,8 @@ def test_prepacked_linear_computes_f_linear_and_keeps_greedy_identity():
         assert (got - ref).abs().max() <= 1e-5 * max(1.0, float(ref.abs().max()))  # fp32 rounding only
         out = hfspec.generate(target, ids, draft=draft, gamma=3, temperature=0, max_new_tokens=60, min_new_tokens=60)
         assert torch.equal(out.sequences, expected), arch
+        # plain decoding of the prepacked model runs it too (one-row calls are packed): the same text
+        assert torch.equal(target.generate(ids, do_sample=False, max_new_tokens=60, min_new_tokens=60), expected)
         assert 0 < out.stats.accepted < out.stats.checked
         # a weight changed in place is packed again (never a stale copy); negative control: it changes the logits
         layer = next(m for m in target.modules() if get_attr(m, PACKED) is not None)

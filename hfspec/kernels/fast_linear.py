@@ -4,8 +4,11 @@ On CPUs torch's fp32 `F.linear` runs MKL: sgemv for one row, sgemm for more, and
 verify pass costs 2-2.7x the one-row call at the shapes of 1-2B models (it repacks the weight every call). A
 weight reordered once into oneDNN's blocked layout (what inductor's freezing does) skips that repacking
 (`benchmarks/bench_fp32_linear.py` measures both). `prepack(model)` gives each plain fp32 `nn.Linear` of the
-model such a copy and sends calls of two rows or more through it; one-row calls keep `F.linear`, so plain
-decoding is unchanged. What the model computes changes only by float rounding (another summation order).
+model such a copy and sends every call through it, one row too: on the 2-core AVX-512 EPYC VM (3 December 2026)
+oneDNN's one-row product took 0.72-0.79x MKL's sgemv at SmolLM2-1.7B's MLP shapes, and a whole SmolLM2-135M step
+0.87x, so plain decoding of a prepacked model is faster too, and its 5-position verify pass costs about one of
+its own steps (`benchmarks/bench_verify_width.py --dtypes float32+prepack`). Until then one-row calls had kept
+`F.linear` (MIN_ROWS 2). What the model computes changes only by float rounding (another summation order).
 
 The price is memory: a second fp32 copy of every linear weight (`prepack` returns the bytes it added), which is
 why it is opt-in: `hfspec.kernels.fast_linear.prepack(target)`, undone by `unprepack(target)`. bf16 / fp16 models are
@@ -22,7 +25,7 @@ from torch import nn
 
 from hfspec.attrs import NAMESPACE, PACKED, del_attr, get_attr, has_attr, set_attr
 
-MIN_ROWS = 2  # calls with at least this many rows use the prepacked weight
+MIN_ROWS = 1  # calls with at least this many rows use the prepacked weight
 
 
 def available() -> bool:
