@@ -29,6 +29,7 @@ from hfspec.decoding.verifier import Verifier
 from hfspec.drafts import make_draft as _make_draft
 from hfspec.drafts import weight_bytes as draft_weight_bytes
 from hfspec.drafts.base import NoDraft, as_draft
+from hfspec.kernels import fast_linear
 
 
 @dataclass
@@ -74,12 +75,13 @@ def speculative_generate(
     streamer = streamer if streamer is not None else given_to_generate("streamer")
     stats = SpecStats(target_bytes=weight_bytes(model), draft_bytes=weight_bytes(request.draft),
                       target_dtype=_dtype_name(model))
+    prices = _Prices.of(model, request.draft, stats, input_ids.device)
     eos = generation_config._eos_token_tensor
     if request.plain:
         policy = FixedGamma(0)
     else:  # with a seed, γ "auto" must not read this run's timings: the text must depend on the seed alone
         policy = (_policy(request.gamma, stats) if request.seed is None
-                  else _seeded_policy(request.gamma, stats, input_ids.device, _storage(request.draft)))
+                  else _seeded_policy(request.gamma, stats, prices))
     job = DecodeJob(
         scorer=Scorer(logits_processor, sampling, validate.vocab_size(model)),
         stopper=Stopper(stopping_criteria, eos, generation_config.max_length),
@@ -90,7 +92,7 @@ def speculative_generate(
         on_round=request.on_round,
         should_stop=request.should_stop,
         stats=stats,
-        verifier=_verifier(request, stats, input_ids.device),
+        verifier=_verifier(request, stats, prices),
         noise=GumbelNoise(request.seed) if request.coupling == "gumbel" and sampling else None,
     )
     draft = NoDraft() if request.plain else as_draft(request.draft, vocab=request.draft_vocab)
@@ -98,7 +100,7 @@ def speculative_generate(
         check_early_exit(request.early_exit, draft)
         job.policy = early = with_early_exit(job.policy, stats)
         if request.seed is not None:
-            early.freeze(_c_prior(stats, input_ids.device, _storage(request.draft)))  # like γ "auto": the text must not depend on timing
+            early.freeze(prices.c(stats))  # like γ "auto": the text must not depend on timing
     result = decode(model, draft, input_ids, model_kwargs.get("attention_mask"), job)
     if generation_config.return_dict_in_generate:
         return SpeculativeOutput(sequences=result.sequences, stats=result.stats, token_kinds=result.kinds)
@@ -205,21 +207,37 @@ def _policy(gamma, stats: SpecStats) -> GammaPolicy:
     return FixedGamma(int(gamma))
 
 
-def _seeded_policy(gamma, stats: SpecStats, device=None, storage: str = "") -> GammaPolicy:
+@dataclass(frozen=True)
+class _Prices:
+    """What a seeded run's priors are looked up by: the device type, the target's dtype ("+prepack" when its
+    linears are oneDNN-prepacked, `hfspec.kernels.fast_linear`: a cheaper step and a flatter verify curve) and what
+    holds most of the draft's weights ("int4", "int8", a float dtype; "" for a draft that is not a model)."""
+
+    device: str = "cpu"
+    dtype: str = "float32"
+    storage: str = ""
+
+    @classmethod
+    def of(cls, target, draft, stats: SpecStats, device) -> _Prices:
+        packed = stats.target_dtype == "float32" and fast_linear.prepacked_bytes(target) > 0
+        return cls(torch.device(device).type, stats.target_dtype + ("+prepack" if packed else ""), _storage(draft))
+
+    def c(self, stats: SpecStats) -> float:
+        """A draft step's cost in target steps, fixed before decoding: the bytes ratio scaled for the device, the
+        target's dtype and the draft's storage (`draft_step_prior`)."""
+        return draft_step_prior(stats.c_bytes, self.device, self.dtype, self.storage)
+
+
+def _seeded_policy(gamma, stats: SpecStats, prices: _Prices | None = None) -> GammaPolicy:
     """The γ policy of a seeded run: γ "auto" is frozen, deciding from acceptance and a cost profile fixed before
-    decoding (the bytes ratio and the verify pass's prior slope for this device and dtype, `prior_model`), never
-    from this run's timings, so the seed alone fixes the text on a quiet or a busy machine (`hfspec.decoding.gamma`)."""
+    decoding (the bytes ratio and the verify pass's prior curve for this device, dtype and draft, `prior_model`),
+    never from this run's timings, so the seed alone fixes the text on a quiet or a busy machine
+    (`hfspec.decoding.gamma`)."""
     if gamma == "auto":
-        kind = torch.device(device).type if device is not None else "cpu"
-        c = _c_prior(stats, kind, storage)
-        return AdaptiveGamma(c_prior=c, timed=False, profile=prior_model(c, kind, stats.target_dtype))
+        prices = prices or _Prices(dtype=stats.target_dtype)
+        c = prices.c(stats)
+        return AdaptiveGamma(c_prior=c, timed=False, profile=prior_model(c, prices.device, prices.dtype))
     return FixedGamma(int(gamma))
-
-
-def _c_prior(stats: SpecStats, device, storage: str = "") -> float:
-    """A draft step's cost in target steps, fixed before decoding: the bytes ratio scaled for the device, the
-    target's dtype and the draft's storage (`draft_step_prior`; `_storage`)."""
-    return draft_step_prior(stats.c_bytes, torch.device(device).type, stats.target_dtype, storage)
 
 
 def _storage(draft) -> str:
@@ -228,11 +246,11 @@ def _storage(draft) -> str:
     return draft_storage(draft) if isinstance(draft, torch.nn.Module) else ""
 
 
-def _verifier(request: Request, stats: SpecStats, device) -> Verifier:
+def _verifier(request: Request, stats: SpecStats, prices: _Prices) -> Verifier:
     """The run's verifier: sibling leaves (`tree` 2..8), a token tree ("auto" or a `TreeShape`), or the chain. With
     a seed, "auto" sizes the tree from priors fixed before decoding, never from this run's timings (like γ "auto")."""
-    dynamic = make_tree(request.tree, request.seed is not None, _c_prior(stats, device, _storage(request.draft)),
-                        torch.device(device).type, stats.target_dtype, request.gamma == "auto")
+    dynamic = make_tree(request.tree, request.seed is not None, prices.c(stats), prices.device, prices.dtype,
+                        request.gamma == "auto")
     if dynamic is not None:
         return dynamic
     return Tree(request.tree) if isinstance(request.tree, int) and request.tree > 1 else Chain()

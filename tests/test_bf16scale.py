@@ -261,3 +261,26 @@ def test_verify_ratio_reads_the_cost_record_without_the_prefill():
     stats = SpecStats(target_passes=20, time_target=5.0, costs=no_step)
     assert verify_cost.verify_ratio(stats, Baseline(new_tokens=100, time_total=10.0)) == pytest.approx(2.5)
     assert verify_cost.verify_ratio(stats, None) is None
+
+
+@pytest.mark.skipif(not fast_linear.available(), reason="no oneDNN in this torch")
+def test_a_seeded_run_prices_a_prepacked_target_by_its_own_curve():
+    """A prepacked fp32 target's verify pass costs about one of its steps (`VERIFY_CURVE_PRIOR` "float32+prepack"):
+    a seeded run looks its priors up under that key (5 positions at 1.08 of a step, where the unpacked curve says
+    1.32: the control) and prices its draft's step against the faster target step."""
+    from hfspec.api import _Prices
+    from hfspec.decoding.priors import prior_model
+    from hfspec.decoding.stats import SpecStats
+
+    target = build("llama", init=0.2)
+    stats = SpecStats(target_bytes=4000, draft_bytes=624, target_dtype="float32")
+    assert _Prices.of(target, None, stats, "cpu").dtype == "float32"
+    fast_linear.prepack(target)
+    try:
+        prices = _Prices.of(target, None, stats, "cpu")
+        assert prices.dtype == "float32+prepack"
+        assert prices.c(stats) > _Prices(dtype="float32").c(stats)  # a faster target step: the draft costs more of it
+        assert prior_model(prices.c(stats), "cpu", prices.dtype).verify(5) == pytest.approx(1.08)
+        assert prior_model(prices.c(stats), "cpu", "float32").verify(5) == pytest.approx(1.32)
+    finally:
+        fast_linear.unprepack(target)

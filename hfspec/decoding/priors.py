@@ -15,6 +15,7 @@ from hfspec.decoding.costmodel import CostModel
 # positions (0.125 per position), 1.85× at 16 and 2.4× at 32 (≈ 0.05 per position); bf16 (oneDNN) 1.08× at 5,
 # 1.32× at 16, 1.63× at 32 (≈ 0.02 per position). Off the CPU: a small slope.
 VERIFY_SLOPE_PRIOR = {("cpu", "float32"): {"chain": 0.125, "tree": 0.05},
+                      ("cpu", "float32+prepack"): {"chain": 0.02, "tree": 0.03},
                       ("cpu", "bfloat16"): {"chain": 0.02, "tree": 0.02},
                       ("cpu", "float16"): {"chain": 0.02, "tree": 0.02},
                       ("other", ""): {"chain": 0.005, "tree": 0.005}}
@@ -42,7 +43,11 @@ def verify_slope_prior(device: str, dtype: str, shape: str = "chain") -> float:
 # One factor per dtype (bf16 0.85 from the first day alone) had priced the bf16 int4 step 0.265 where decoding
 # measured 0.195–0.205 the second day, and seeded γ "auto" drafted γ 3 where γ 5 was 15 % faster. Other storages
 # and dtypes: "other" (fp32's 1, bf16's mean of its two kernels).
+# A prepacked fp32 target (`hfspec.kernels.fast_linear.prepack`, key "float32+prepack") steps in 0.86x the time
+# of an unpacked one (3 December), so its draft costs 1/0.86 more of a step: fp32's factors × 1.16 (derived, not
+# timed on their own).
 DRAFT_STEP_PRIOR = {("cpu", "float32"): {"int4": 0.97, "int8": 1.2, "other": 1.0},
+                    ("cpu", "float32+prepack"): {"int4": 1.12, "int8": 1.39, "other": 1.16},
                     ("cpu", "bfloat16"): {"int4": 0.74, "int8": 0.85, "other": 0.8},
                     ("cpu", "float16"): {"int4": 0.74, "int8": 0.85, "other": 0.8},
                     ("other", ""): {"other": 1.0}}
@@ -66,6 +71,10 @@ def draft_step_prior(c_bytes: float, device: str = "cpu", dtype: str = "float32"
 VERIFY_CURVE_PRIOR = {
     ("cpu", "float32"): ((1, 1.0), (2, 1.64), (3, 1.91), (4, 1.41), (5, 1.32), (6, 1.41), (7, 1.71), (8, 1.40),
                          (9, 1.57), (10, 1.58), (12, 1.72), (16, 1.85), (24, 2.15), (32, 2.43)),
+    # prepacked fp32 (oneDNN for every row; 3 December, benchmarks/results/epyc-2c-2026-12-03-verify-width-prepack.md):
+    # over its own one-token step, which is 0.86x an unpacked one
+    ("cpu", "float32+prepack"): ((1, 1.0), (2, 1.14), (3, 1.10), (4, 1.06), (5, 1.08), (6, 1.12), (7, 1.20), (8, 1.19),
+                                 (9, 1.24), (10, 1.30), (16, 1.45), (24, 1.81), (32, 1.98)),
     ("cpu", "bfloat16"): ((1, 1.0), (2, 1.03), (3, 1.07), (4, 1.10), (5, 1.16), (6, 1.20), (7, 1.15), (8, 1.18),
                           (9, 1.21), (10, 1.24), (16, 1.32), (24, 1.44), (32, 1.63)),
 }
