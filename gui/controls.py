@@ -1,6 +1,6 @@
-"""The settings panel: preset, target, draft, device (here), γ, tree, coupling and sampling (`decoding_fields`),
-scrolling; then the prompt, Run / Stop and the progress bar (`run_progress`), always in view below the scrolling
-part."""
+"""The settings panel: preset, target, draft, device, precision and prepack (here), γ, tree, coupling and
+sampling (`decoding_fields`), scrolling; then the prompt, Run / Stop and the progress bar (`run_progress`), always in
+view below the scrolling part."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
 )
 
 from gui import theme
-from gui.decoding_fields import MAX_TOKENS_UNKNOWN, DecodingFields, write_choice
+from gui.decoding_fields import MAX_TOKENS_UNKNOWN, DecodingFields, prepack_box, write_choice
 from gui.draft_form import DraftForm
 from gui.run_progress import ProgressReport
 from gui.widgets import guard_wheel
@@ -186,6 +186,7 @@ class ControlPanel(DecodingFields, ProgressReport, QWidget):
             "ignore_eos": check(self.ignore_eos),
             "device": choice(self.device),
             "dtype": choice(self.dtype),
+            "prepack": check(self.prepack, preset_value=False),
         }
 
     # ----------------------------------------------------------------- building
@@ -227,6 +228,8 @@ class ControlPanel(DecodingFields, ProgressReport, QWidget):
         self.dtype.setToolTip("Precision of the target (default: the library's choice)")
         form.addRow("Device", self.device)
         form.addRow("Precision", self.dtype)
+        self.prepack = prepack_box()
+        form.addRow("", self.prepack)
         return box
 
     def _prompt_box(self) -> QGroupBox:
@@ -335,8 +338,8 @@ class ControlPanel(DecodingFields, ProgressReport, QWidget):
             self._show_preset_info()
             return
         try:
-            s = RunSettings.from_preset(name, measure_baseline=self.baseline.isChecked(),
-                                        device=self.device.currentData(), dtype=self.dtype.currentData())
+            kept = {n: b.read() for n, b in self.bindings.items() if not b.preset_value}  # not a preset's values
+            s = RunSettings.from_preset(name, **kept)
         except HfspecError as exc:
             self.preset_info.setText(f"<span style='color:{theme.current().error}'>{exc}</span>")
             return

@@ -12,7 +12,7 @@ from gui.figures import number, row_conditions, row_is_rough, row_pairs
 from hfspec.report import write_csv  # noqa: F401 - the one CSV writer, re-exported for the window
 
 SETTING_COLUMNS = ("target", "draft", "gamma", "prompt", "seed", "temperature", "top_k", "top_p",
-                   "max_new_tokens", "chat", "device", "dtype")
+                   "max_new_tokens", "chat", "device", "dtype", "prepack")
 
 
 def statistics(shown_run, sweep_result, sweep_points, compare_rows, compare_settings, compare_drafts=None,

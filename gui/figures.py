@@ -187,18 +187,20 @@ def describe(settings) -> str:
     parts += [f"seed {settings.seed}", f"{settings.max_new_tokens} tokens"]
     if settings.dtype:
         parts.append(settings.dtype)
+    parts += ["prepacked"] if getattr(settings, "prepack", False) else []
     return " · ".join(parts)
 
 
 COMPARED = ("target", "draft", "gamma", "tree", "coupling", "temperature", "top_k", "top_p", "max_new_tokens", "seed",
-            "prompt", "chat", "ignore_eos", "device", "dtype")
+            "prompt", "chat", "ignore_eos", "device", "dtype", "prepack")
 
 
 # the form's own words for each compared setting (what the change banner names)
 LABELS = {"target": "target", "draft": "draft", "gamma": "γ", "tree": "draft tree", "coupling": "coupling",
           "temperature": "temperature", "top_k": "top-k",
           "top_p": "top-p", "max_new_tokens": "max new tokens", "seed": "seed", "prompt": "prompt",
-          "chat": "chat template", "ignore_eos": "ignore EOS", "device": "device", "dtype": "precision"}
+          "chat": "chat template", "ignore_eos": "ignore EOS", "device": "device", "dtype": "precision",
+          "prepack": "prepack"}
 
 
 def changed_fields(shown, form) -> list[str]:

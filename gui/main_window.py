@@ -25,7 +25,7 @@ from hfspec.measure import verify_cost
 from hfspec.session import Session, SweepResult, parse_list
 
 DEFAULT_SIZE = (1400, 900)
-GUI_BF16 = "choosing bfloat16 in the Precision box on the left"  # the advice line's remedy, in the form's words
+GUI_BF16 = "choosing bfloat16 in the Precision box on the left (or ticking fp32: prepack weights under it)"  # in the form's words
 FRAME_ROOM = (16, 48)  # a window manager's borders and title bar, before the frame is known
 
 

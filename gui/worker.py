@@ -73,7 +73,7 @@ class Worker(QObject):
     def _target(self, settings: RunSettings):
         """The run's target model (already loaded: the session keeps it)."""
         model, _ = self.session.load_target(settings.target, dtype=settings.dtype or None,
-                                            device=settings.device or None)
+                                            device=settings.device or None, prepack=settings.prepack or None)
         return model
 
     def _sensitivity(self, job: Job, should_stop):
@@ -83,7 +83,8 @@ class Worker(QObject):
         o = job.options
         check_arguments(o.get("bits"), o.get("group_size"), o.get("method"), o.get("by"), o.get("tokens"))
         target, _ = self.session.load_target(job.settings.target, self.status.emit, should_stop,
-                                             job.settings.dtype or None, job.settings.device or None)
+                                             job.settings.dtype or None, job.settings.device or None,
+                                             job.settings.prepack or None)
 
         def say(message: str) -> None:
             if should_stop():

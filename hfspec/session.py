@@ -23,9 +23,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
+import torch
+
 from hfspec.api import generate
 from hfspec.drafts import registry
-from hfspec.io.loading import load_model, load_tokenizer
+from hfspec.errors import HfspecError
+from hfspec.io.loading import load_model, load_tokenizer, parse_dtype
+from hfspec.kernels import fast_linear
 from hfspec.live import ROLLING_WINDOW, IncrementalDecoder, LiveBuffer, LiveRecorder, LiveSnapshot
 from hfspec.measure.results import STOP_REASONS, Baseline, CompareRow, RunResult, SweepPoint, SweepResult
 from hfspec.measure.ruler import Measurement, measure_speedup
@@ -40,7 +44,7 @@ from hfspec.settings import (
     parse_list,
     split_draft_spec,
 )
-from hfspec.validate import GAMMA_MAX, check_gammas
+from hfspec.validate import GAMMA_MAX, check_flag, check_gammas
 
 __all__ = [
     "GAMMA_MAX", "MEASURE_BUDGET_S", "MEASURE_PAIRS", "MEASURE_SEGMENT", "ROLLING_WINDOW", "STOP_REASONS", "Baseline", "Cancelled",
@@ -58,6 +62,9 @@ MEASURE_SEGMENT = 32
 MEASURE_PAIRS = 9
 MEASURE_BUDGET_S = 15.0
 
+# What `prepack` (RunSettings.prepack, `--prepack`) needs: hfspec.kernels.fast_linear packs fp32 CPU linears only
+PREPACK_ALLOWED = "a float32 target on the CPU (bf16's multi-row matmul already costs about one row)"
+
 Progress = Callable[[str], None]
 StopCheck = Callable[[], bool]
 Step = Callable[[int, int], None]  # (point index from 1, number of points)
@@ -71,11 +78,17 @@ class Session:
     """Loads and caches models (targets, tokenizers, drafts); runs the engine. Baselines are measured anew for
     every run and every sweep point, beside it.
 
+    `dtype`, `device` and `prepack` are the defaults of runs whose settings leave them out ("" / False): a
+    prepacked target (`hfspec.kernels.fast_linear.prepack`: fp32 on the CPU only) is cached apart from the
+    unpacked one, so a run gets exactly what it asked for.
+
     One session is used from one thread at a time (the dashboard's worker thread)."""
 
-    def __init__(self, dtype=None, device=None, max_targets: int = 2, max_drafts: int = 4):
+    def __init__(self, dtype=None, device=None, max_targets: int = 2, max_drafts: int = 4, *, prepack: bool = False):
+        check_flag("prepack", prepack)
         self.dtype = dtype
         self.device = device
+        self.prepack = prepack
         self.max_targets = max_targets
         self.max_drafts = max_drafts
         self._targets: dict[tuple, tuple] = {}
@@ -84,18 +97,25 @@ class Session:
     # -------------------------------------------------------------- loading
     def load(self, settings: RunSettings, progress: Progress | None = None, should_stop: StopCheck | None = None):
         """(target, draft, tokenizer) for the settings, from the cache when already loaded."""
-        where = {"dtype": settings.dtype or None, "device": settings.device or None}
+        where = _where(settings)
         target, tokenizer = self.load_target(settings.target, progress, should_stop, **where)
         draft = self.load_draft(settings.target, settings.draft, progress, should_stop, **where)
         return target, draft, tokenizer
 
     def load_target(self, source: str, progress: Progress | None = None, should_stop: StopCheck | None = None,
-                    dtype: str | None = None, device: str | None = None):
-        key = self._target_key(source, dtype, device)
+                    dtype: str | None = None, device: str | None = None, prepack: bool | None = None):
+        """(target, tokenizer), from the cache when already loaded. None (and "") for dtype, device and prepack:
+        the session's default. A prepacked target is refused (HfspecError naming prepack) unless it loads as
+        float32 on the CPU and this torch has oneDNN's prepacked linear."""
+        key = self._target_key(source, dtype, device, prepack)
         if key not in self._targets:
             say = _guarded(progress, should_stop)
+            if key[3]:
+                _check_prepack_request(key[1])
             say(f"loading target {source}…")
             model = load_model(source, dtype=key[1], device=key[2], progress=say, role="target")
+            if key[3]:
+                say(_prepack(model))
             say("loading tokenizer…")
             tokenizer = load_tokenizer(source, role="target")
             while len(self._targets) >= self.max_targets:  # bounded memory; a target's drafts go with it
@@ -107,11 +127,12 @@ class Session:
         return self._targets[key]
 
     def load_draft(self, target_source: str, spec: str, progress: Progress | None = None,
-                   should_stop: StopCheck | None = None, dtype: str | None = None, device: str | None = None):
+                   should_stop: StopCheck | None = None, dtype: str | None = None, device: str | None = None,
+                   prepack: bool | None = None):
         """The draft `spec` for the target (built once); kinds that take any option (siblings) get the target's
         tokenizer to check against and a progress callback."""
-        target, tokenizer = self.load_target(target_source, progress, should_stop, dtype, device)
-        key = (self._target_key(target_source, dtype, device), spec.strip())
+        target, tokenizer = self.load_target(target_source, progress, should_stop, dtype, device, prepack)
+        key = (self._target_key(target_source, dtype, device, prepack), spec.strip())
         if key not in self._drafts:
             draft = build_draft(target, spec, tokenizer, _guarded(progress, should_stop))
             while len(self._drafts) >= self.max_drafts:
@@ -120,8 +141,10 @@ class Session:
         _check(should_stop)
         return self._drafts[key]
 
-    def _target_key(self, source: str, dtype: str | None, device: str | None) -> tuple:
-        return (_norm(source), dtype or self.dtype, device or self.device)
+    def _target_key(self, source: str, dtype: str | None, device: str | None, prepack: bool | None = None) -> tuple:
+        """(source, dtype, device, prepacked): a prepacked target and an unpacked one are different entries."""
+        return (_norm(source), dtype or self.dtype, device or self.device,
+                bool(self.prepack if prepack is None else prepack))
 
     def encode(self, settings: RunSettings, tokenizer):
         return encode_prompt(settings, tokenizer)
@@ -187,8 +210,7 @@ class Session:
         """Plain decoding of exactly `new_tokens` tokens (default max_new_tokens) with the settings' prompt,
         seed and sampling, measured now (never cached: machine load drifts); None when stopped."""
         n = int(new_tokens or settings.max_new_tokens)
-        target, tokenizer = self.load_target(settings.target, progress, should_stop, settings.dtype or None,
-                                             settings.device or None)
+        target, tokenizer = self.load_target(settings.target, progress, should_stop, **_where(settings))
         if progress:
             progress(f"baseline: plain decoding of {n} tokens…")
         sampling, seed = _sampling(settings)
@@ -210,7 +232,7 @@ class Session:
         specs = list(drafts) if drafts else [settings.draft]
         for spec in specs:
             registry.parse(spec)  # a bad spec fails before any model loads
-        where = {"dtype": settings.dtype or None, "device": settings.device or None}
+        where = _where(settings)
         target, tokenizer = self.load_target(settings.target, progress, should_stop, **where)
         models = {spec: self.load_draft(settings.target, spec, progress, should_stop, **where) for spec in specs}
         sampling, seed = _sampling(settings)
@@ -264,6 +286,35 @@ class Session:
             if on_row is not None:
                 on_row(row)
         return rows
+
+
+def _where(settings: RunSettings) -> dict:
+    """How the settings' target is loaded: dtype, device and prepack, None where the session's default applies."""
+    return {"dtype": settings.dtype or None, "device": settings.device or None, "prepack": settings.prepack or None}
+
+
+def _check_prepack_request(dtype) -> None:
+    """Refuse prepacking before anything loads when it cannot work: no oneDNN prepacked linear in this torch, or
+    a dtype asked for that is not float32 (the loaded target's own dtype and device are checked after loading)."""
+    if not fast_linear.available():
+        raise HfspecError(f"prepack: this torch ({torch.__version__}) has no oneDNN prepacked linear; allowed: "
+                          "prepack off (False) with this torch")
+    asked = parse_dtype(dtype, role="target")
+    if isinstance(asked, torch.dtype) and asked != torch.float32:
+        raise HfspecError(f"prepack: got a {str(asked).removeprefix('torch.')} target; allowed: {PREPACK_ALLOWED}")
+
+
+def _prepack(model) -> str:
+    """Prepack the loaded target's linear weights (`hfspec.kernels.fast_linear.prepack`), after checking that it is
+    float32 on the CPU; returns the progress line saying how many bytes that added."""
+    kinds = sorted({(str(p.dtype).removeprefix("torch."), p.device.type) for p in model.parameters()
+                    if p.is_floating_point()})
+    if kinds != [("float32", "cpu")]:
+        got = " and ".join(f"{dtype} on {device}" for dtype, device in kinds) or "no floating-point weights"
+        raise HfspecError(f"prepack: got a target of {got}; allowed: {PREPACK_ALLOWED}")
+    added = fast_linear.prepack(model)
+    return (f"prepacked the target's linear weights for oneDNN: {added / 2**20:.1f} MiB added (a second fp32 copy "
+            "of each)")
 
 
 def _sampling(settings: RunSettings) -> tuple[dict, int]:

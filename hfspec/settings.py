@@ -62,6 +62,8 @@ class RunSettings:
     tree: int | str = 0  # 2..8: candidates per unsure draft position (hfspec.decoding.siblings); "auto": a token tree
     # (hfspec.decoding.trees); 0 or 1: the plain chain
     coupling: str = "rejection"  # or "gumbel": draft-invariant sampling, the text fixed by the seed (hfspec.decoding.coupling)
+    prepack: bool = False  # fp32 target on the CPU: a oneDNN-prepacked copy of every linear weight (faster steps and
+    # verify passes, a second fp32 copy in memory; hfspec.kernels.fast_linear); False: the session's default
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> RunSettings:
@@ -87,7 +89,7 @@ class RunSettings:
         check_top_p(self.top_p)
         check_count("max_new_tokens", self.max_new_tokens, 1)
         check_seed(self.seed, optional=False, unsigned=True)
-        for name in ("chat", "measure_baseline", "ignore_eos", "early_exit"):
+        for name in ("chat", "measure_baseline", "ignore_eos", "early_exit", "prepack"):
             check_flag(name, getattr(self, name))
         for name, parse in (("device", parse_device), ("dtype", parse_dtype)):
             value = getattr(self, name)

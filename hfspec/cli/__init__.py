@@ -37,6 +37,7 @@ def _settings(args, **extra):
         "top_p": args.top_p, "max_new_tokens": args.max_new_tokens, "seed": args.seed, "prompt": args.prompt,
         "gamma": getattr(args, "gamma", None), "early_exit": getattr(args, "early_exit", None) or None,
         "tree": getattr(args, "tree", None), "coupling": getattr(args, "coupling", None),
+        "prepack": getattr(args, "prepack", None) or None,
     }.items() if v is not None}
     settings = replace(RunSettings.from_preset(args.preset, **overrides), **extra).validated()
     for spec in (getattr(args, "drafts", None) or settings.draft).split(","):
@@ -49,7 +50,7 @@ def _settings(args, **extra):
 
 
 def _session(args):
-    return Session(dtype=args.dtype, device=args.device)
+    return Session(dtype=args.dtype, device=args.device, prepack=bool(getattr(args, "prepack", False)))
 
 
 def _say(message: str) -> None:

@@ -48,8 +48,7 @@ def _recorded_ratio(stats) -> float | None:
     return model.verify(width) / model.step if model.step > 0 else None
 
 
-CLI_SWITCH = ("--dtype bfloat16 (or, in Python, hfspec.kernels.fast_linear.prepack(target): a second fp32 copy of the "
-              "weights)")
+CLI_SWITCH = "--dtype bfloat16 (or keep fp32 with --prepack: a second fp32 copy of the weights)"
 
 
 def advice(stats, baseline, dtype=None, switch: str = CLI_SWITCH) -> str | None:
