@@ -16,6 +16,7 @@ from hfspec.drafts import calibrated, make_draft
 from hfspec.drafts.fidelity import fidelity
 from hfspec.drafts.registry import parse
 from hfspec.errors import HfspecError
+from hfspec.kernels import fast_linear
 from hfspec.quant import calibrate, gptq, refit
 from hfspec.quant.calibrate import Calibration, Coded, calibration_matrices, self_samples
 from hfspec.quant.groupwise import group_dequantize, group_quantize
@@ -501,3 +502,38 @@ def test_calibration_work_of_a_matrix_grows_with_the_calibration_tokens():
     assert gptq_work[name] == n * k * k
     assert pass_work[name] == pytest.approx(calibrate.PASS_WORK * 1000 * (n * k + k * k / 2))
     assert calibrate._work(micro, [name])[1][name] == 0.0
+
+
+@pytest.mark.skipif(not fast_linear.available(), reason="no oneDNN in this torch")
+def test_calibration_runs_on_prepacked_weights_and_gives_the_target_back(micro, monkeypatch):
+    """The target's fp32 linears are oneDNN-prepacked while it writes its calibration text and its Hessians are
+    taken (faster at 64 rows), and unpacked after, also when calibrating fails; a target the user prepacked stays
+    so; with too little memory free for the copy it calibrates on the weights as they are (the control)."""
+    import copy
+
+    seen = []
+    real = calibrate.self_samples
+
+    def watched(model, *args):
+        seen.append(fast_linear.prepacked_bytes(model))
+        return real(model, *args)
+    monkeypatch.setattr(calibrate, "self_samples", watched)
+    said = []
+    make_draft(micro, "gptq4", calibration=QUICK, progress=said.append)
+    assert seen[-1] > 0 and any("prepacked" in s for s in said)
+    assert fast_linear.prepacked_bytes(micro) == 0
+    monkeypatch.setattr(calibrated, "PREPACK_MARGIN", 1 << 60)  # more than any machine has free
+    make_draft(micro, "gptq4", calibration=Calibration(sequences=16, tokens=64, seed=3))
+    assert seen[-1] == 0
+    monkeypatch.setattr(calibrated, "PREPACK_MARGIN", 0)
+    mine = copy.deepcopy(micro)
+    fast_linear.prepack(mine)
+    make_draft(mine, "gptq4", calibration=QUICK)
+    assert fast_linear.prepacked_bytes(mine) > 0
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("stopped")
+    monkeypatch.setattr(calibrate, "self_samples", broken)
+    with pytest.raises(RuntimeError, match="stopped"):
+        make_draft(micro, "gptq4", calibration=Calibration(sequences=16, tokens=64, seed=4))
+    assert fast_linear.prepacked_bytes(micro) == 0
