@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import common  # noqa: E402
 
 from hfspec.drafts.fidelity import fidelity  # noqa: E402
-from hfspec.drafts.sensitivity import _overlap, _probs, _Quantised  # noqa: E402
+from hfspec.drafts.sensitivity import _probs, coded_overlap  # noqa: E402
 from hfspec.quant.calibrate import Calibration, calibration_matrices, gptq_codes, hessians, self_samples  # noqa: E402
 
 # (label, sequences, group size, Calibration fields)
@@ -73,8 +73,7 @@ def main() -> None:
         watch = common.Stopwatch()
         codes = gptq_codes(target, found[sequences], names, args.bits, group, Calibration(sequences=sequences, **fields))
         seconds = watch.seconds
-        with _Quantised(target, names, codes, group):
-            value = _overlap(target, held_out, p_float)
+        value = coded_overlap(target, names, codes, group, held_out, p_float)
         rows.append({"setting": label, "overlap": value, "quantise_s": seconds})
         lines.append(f"| {label} | {value:.4f} | {1 - value:.4f} | {seconds:.0f} |")
         print(lines[-1], flush=True)

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import common  # noqa: E402
 
 from hfspec.drafts.calibrated import calibrated_codes  # noqa: E402
-from hfspec.drafts.sensitivity import _overlap, _probs, _Quantised  # noqa: E402
+from hfspec.drafts.sensitivity import _probs, coded_overlap  # noqa: E402
 from hfspec.quant.calibrate import Calibration, Coded, calibration_matrices, self_samples  # noqa: E402
 
 
@@ -104,8 +104,7 @@ def main() -> None:
              f"grids trained per {args.params[:-1]}, Adam lr {args.lr:g}, {args.batch} × {settings.tokens + 1} "
              f"tokens a step, autocast {args.amp}; Σ min(p, q) on 4 × 128 held-out tokens", "",
              "| steps | train KL (last step) | held-out Σ min(p, q) | seconds training |", "|---|---|---|---|"]
-    with _Quantised(target, names, codes, 32):
-        start = _overlap(target, held_out, p_float)
+    start = coded_overlap(target, names, codes, 32, held_out, p_float)
     lines.append(f"| 0 (GPTQ) | — | {start:.4f} | 0 |")
     print(lines[-1], flush=True)
     rows, trained, loss = [{"steps": 0, "overlap": start}], 0.0, float("nan")
@@ -124,8 +123,7 @@ def main() -> None:
         loss, trained = float(kl), trained + watch.seconds
         if step % args.every == 0 or step == args.steps:
             seconds = trained
-            with _Quantised(target, names, grids.coded(), 32):
-                value = _overlap(target, held_out, p_float)
+            value = coded_overlap(target, names, grids.coded(), 32, held_out, p_float)
             rows.append({"steps": step, "train_kl": loss, "overlap": value, "seconds": seconds})
             lines.append(f"| {step} | {loss:.4f} | {value:.4f} | {seconds:.0f} |")
             print(lines[-1], flush=True)

@@ -105,11 +105,7 @@ def measure(args) -> list[dict]:
     rows = []
     for name, folder in common.model_folders(args).items():
         for dtype in args.dtypes.split(","):
-            target, tok = common.load(folder, dtype.removesuffix("+prepack"))
-            if dtype.endswith("+prepack"):  # fp32 with oneDNN-prepacked weights for multi-row calls (both sides)
-                from hfspec.kernels import fast_linear
-
-                fast_linear.prepack(target)
+            target, tok = common.load(folder, dtype)  # float32+prepack: prepacked (both sides)
             ids = [common.prompt_ids(tok, text) for text in args.prompt]
             drafts = {spec: hfspec.make_draft(target, spec) for spec in dict.fromkeys(s for s, _, _ in runs)}
             for temperature in (float(t) for t in args.temperatures.split(",")):

@@ -46,11 +46,7 @@ def main() -> None:
     rows = []
     for name, folder in model_folders(args).items():
         for dtype in args.dtypes.split(","):
-            target, _ = load(folder, dtype.removesuffix("+prepack"))
-            if dtype.endswith("+prepack"):
-                from hfspec.kernels import fast_linear
-
-                fast_linear.prepack(target)
+            target, _ = load(folder, dtype)
             ids = torch.randint(0, target.config.vocab_size, (1, args.context + max(widths)),
                                 generator=torch.Generator().manual_seed(0))
             timers = {f"w{w}": step_timer(target, ids, args.context, w) for w in widths}

@@ -54,12 +54,18 @@ def model_folders(args) -> dict[str, Path]:
 
 
 def load(path: Path, dtype: str = "float32"):
+    """(model, tokenizer); a dtype written `float32+prepack` is fp32 with `hfspec.kernels.fast_linear.prepack`
+    (oneDNN's blocked copy of every linear weight)."""
     import torch
 
     from hfspec.io.loading import load_model, load_tokenizer
+    from hfspec.kernels import fast_linear
 
     torch.manual_seed(0)
-    return load_model(str(path), dtype=dtype, progress=False), load_tokenizer(str(path))
+    model = load_model(str(path), dtype=dtype.removesuffix("+prepack"), progress=False)
+    if dtype.endswith("+prepack"):
+        fast_linear.prepack(model)
+    return model, load_tokenizer(str(path))
 
 
 def prompt_ids(tokenizer, text: str = "Once upon a time"):

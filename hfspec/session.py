@@ -84,9 +84,7 @@ def _decoding(stats):
     is."""
     if stats is None or getattr(stats, "stopped", False) or not stats.new_tokens:
         return stats
-    c = stats.costs
-    prefill = c.prefill_target_seconds + c.prefill_draft_seconds + c.prefill_other_seconds
-    return Sample(max(stats.time_total - prefill, 1e-9), stats.new_tokens, stats)
+    return Sample(max(stats.time_total - stats.costs.prefill_seconds, 1e-9), stats.new_tokens, stats)
 
 
 class Session:

@@ -228,6 +228,7 @@ def test_segments_are_timed_from_their_first_new_token(session, micro, monkeypat
     for stats in timed:
         c = stats.costs
         prefill = c.prefill_target_seconds + c.prefill_draft_seconds + c.prefill_other_seconds
+        assert c.prefill_seconds == pytest.approx(prefill)
         sample = real(stats)
         assert prefill > 0 and sample.out is stats and sample.tokens == stats.new_tokens == seg
         assert sample.seconds == pytest.approx(stats.time_total - prefill)

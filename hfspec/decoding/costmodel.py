@@ -184,8 +184,7 @@ class CostModel:
             r = record.prefill_rounds
             k0 = record.prefill_gamma
             target_extra = record.prefill_target_seconds / r - model.verify(k0 + 1)
-            model.prefill_spec = max(0.0, (record.prefill_target_seconds + record.prefill_draft_seconds
-                                           + record.prefill_other_seconds) / r - model.round_seconds(k0))
+            model.prefill_spec = max(0.0, record.prefill_seconds / r - model.round_seconds(k0))
             model.prefill_plain = max(0.0, target_extra)
         if plain is not None and plain.prefill_rounds:
             r = plain.prefill_rounds

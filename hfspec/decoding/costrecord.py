@@ -66,6 +66,11 @@ class CostRecord:
     steps: int = 0
     steps_reused: int = 0
 
+    @property
+    def prefill_seconds(self) -> float:
+        """The prefill rounds' whole time: target, draft and what lay between them."""
+        return self.prefill_target_seconds + self.prefill_draft_seconds + self.prefill_other_seconds
+
     def record(self, k: int, width: int, rows: int, seconds: RoundSeconds, *, prefill: bool,
                accepted: int = 0) -> None:
         """One round: k draft tokens proposed, the target fed `width` positions per row over `rows` rows, its

@@ -101,8 +101,7 @@ def _prepacked(model: nn.Module, settings: Calibration, say):
     a model already prepacked (it stays so), `sequential` (its weights are swapped under the linears), or less
     memory free than twice the copy plus PREPACK_MARGIN (at the 1.7B shape the peak rose from 13.1 to 19.5 GiB with
     it). Unpacked again after, also on an error."""
-    needed = sum(m.weight.numel() * 4 for m in model.modules() if type(m) is nn.Linear
-                 and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu")
+    needed = fast_linear.unpacked_bytes(model)
     free = memory.available_bytes()
     if (not needed or settings.sequential or not fast_linear.available() or fast_linear.prepacked_bytes(model)
             or (free is not None and free < 2 * needed + PREPACK_MARGIN)):

@@ -235,6 +235,15 @@ def _overlap(target: nn.Module, ids: torch.Tensor, p: list[torch.Tensor]) -> flo
     return total / ids.numel()
 
 
+def coded_overlap(target: nn.Module, names: list[str], codes: dict[str, Coded], group_size: int, ids: torch.Tensor,
+                  p: list[torch.Tensor]) -> float:
+    """Mean Σ min(p, q) over `ids` of the float probabilities `p` (`_probs`) and the target's with the named
+    matrices' outputs taken from their dequantised codes (the weights are never changed): a draft's expected
+    acceptance at T = 1 without building it."""
+    with _Quantised(target, names, codes, group_size):
+        return _overlap(target, ids, p)
+
+
 def sensitivity(target: nn.Module, bits: int = 4, group_size: int = DEFAULT_GROUP_SIZE, method: str = "rtn",
                 by: str = "layer", tokens: int = DEFAULT_TOKENS, seed: int = 0,
                 progress: Callable[[str], None] | None = None,
@@ -263,15 +272,13 @@ def sensitivity(target: nn.Module, bits: int = 4, group_size: int = DEFAULT_GROU
     say(f"sensitivity: {method} codes of {len(names)} matrices at {bits} bits")
     codes = _codes(target, names, bits, group_size, method, ids)
     p = list(_probs(target, ids))
-    with _Quantised(target, names, codes, group_size):
-        full = _overlap(target, ids, p)
+    full = coded_overlap(target, names, codes, group_size, ids, p)
     rows = []
     for i, (unit, kind, unit_names) in enumerate(units):
         say(f"sensitivity: unit {i + 1}/{len(units)}: {unit}")
         if on_step is not None:
             on_step(i + 1, len(units))
-        with _Quantised(target, unit_names, codes, group_size):
-            overlap = _overlap(target, ids, p)
+        overlap = coded_overlap(target, unit_names, codes, group_size, ids, p)
         shapes = [tuple(_weight(target.get_submodule(n)).shape) for n in unit_names]
         rows.append(UnitLoss(unit, kind, unit_names, sum(n * k for n, k in shapes),
                              sum(_bytes(n, k, bits, group_size) for n, k in shapes), overlap,
@@ -282,8 +289,7 @@ def sensitivity(target: nn.Module, bits: int = 4, group_size: int = DEFAULT_GROU
     rows.sort(key=lambda r: -r.loss)
     kept = {n for r in rows[:TOP] if r.loss > 0 for n in r.matrices}
     say(f"sensitivity: every unit quantised but the {TOP} costing most")
-    with _Quantised(target, [n for n in names if n not in kept], codes, group_size):
-        top_float = _overlap(target, ids, p)
+    top_float = coded_overlap(target, [n for n in names if n not in kept], codes, group_size, ids, p)
     return SensitivityReport(bits, group_size, method, by, int(ids.numel()), sequences, seed, full, rows,
                              top_float, _notes(target, units))
 

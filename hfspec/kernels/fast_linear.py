@@ -67,6 +67,17 @@ def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return y.view(*x.shape[:-1], self.out_features)
 
 
+def _packable(module: nn.Module) -> bool:
+    """A plain fp32 CPU `nn.Linear` not yet prepacked: what `prepack` gives a copy."""
+    return (type(module) is nn.Linear and not has_attr(module, PACKED) and module.weight.dtype == torch.float32
+            and module.weight.device.type == "cpu")
+
+
+def unpacked_bytes(model: nn.Module) -> int:
+    """Bytes `prepack(model)` would add (its weights that qualify and are not yet prepacked)."""
+    return sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if _packable(m))
+
+
 def prepack(model: nn.Module) -> int:
     """Give every plain fp32 CPU `nn.Linear` of `model` a oneDNN-prepacked copy used for calls of MIN_ROWS rows
     or more; returns the bytes added (0 when oneDNN is unavailable or nothing qualifies). Idempotent."""
@@ -75,8 +86,7 @@ def prepack(model: nn.Module) -> int:
     added = 0
     with torch.no_grad():
         for module in model.modules():
-            if (type(module) is not nn.Linear or has_attr(module, PACKED)
-                    or module.weight.dtype != torch.float32 or module.weight.device.type != "cpu"):
+            if not _packable(module):
                 continue
             set_attr(module, PACKED, _Packed(module.weight))
             module.forward = types.MethodType(_forward, module)
