@@ -72,6 +72,7 @@ run hub python bench_hub.py --models smollm2 --smollm2 "$SMOLLM2"
 run "drafts alpha" python bench_drafts.py alpha --model ../../shared/models/stories260K
 run "drafts speed" python bench_drafts.py speed --model "$SMOLLM2"
 run fp32_linear python bench_fp32_linear.py
+run prefill_rows python bench_prefill_rows.py --models micro,smollm2-offgrid --smollm2-offgrid "$OFFGRID"
 run results python bench_results.py --smollm2-offgrid "$OFFGRID"
 run calibrated python bench_calibrated.py --models micro,smollm2-offgrid --smollm2-offgrid "$OFFGRID"
 run "calibration settings" python bench_calibration_settings.py --model "$OFFGRID" --reference "$SMOLLM2"

@@ -28,6 +28,7 @@ import torch
 from hfspec.api import generate
 from hfspec.drafts import registry
 from hfspec.errors import HfspecError
+from hfspec.io import memory
 from hfspec.io.loading import load_model, load_tokenizer, parse_dtype
 from hfspec.kernels import fast_linear
 from hfspec.live import ROLLING_WINDOW, IncrementalDecoder, LiveBuffer, LiveRecorder, LiveSnapshot
@@ -58,10 +59,13 @@ __all__ = [
 # MEASURE_PAIRS alternating pairs within MEASURE_BUDGET_S; outliers re-measured in what is left. Short segments
 # give a 135M target at 128 tokens several pairs (one pair of the whole run took the whole budget); a run of at
 # most 1.5 segments is timed whole. The run itself warmed both models (no warm-up pair is counted or run). A
-# segment is timed from its first new token (`_decoding`): the prefill of its context, which the run decoding on
-# never paid, is not counted. Counted, it had put SmolLM2-135M's run at 1.39-1.68x where whole runs (`hfspec sweep`)
-# measured 2.15x: at the segment from token 96 the speculative side's prefill (target 0.28 s, the draft's int4
-# kernel over ~100 rows 0.24 s) was 30 % of its 1.7 s, the plain side's 0.22 s of 2.55 s.
+# segment is timed from the end of its first round (`_decoding`): the prefill of its context, which the run decoding
+# on never paid, is not counted, nor are the tokens that round gave (a speculative prefill round also drafts and
+# verifies: it gave about γ α + 1 tokens where plain decoding's gave one). Counted, the prefill had put
+# SmolLM2-135M's run at 1.39-1.68x where whole runs (`hfspec sweep`) measured 2.15x: at the segment from token 96
+# the speculative side's prefill (target 0.28 s, the draft's int4 kernel over ~100 rows 0.24 s) was 30 % of its
+# 1.7 s, the plain side's 0.22 s of 2.55 s. Its tokens counted, the run read 6-40 % above the sweep at T = 0
+# (3 December, three repeats: 2.13-2.58x against 1.81-2.01x).
 MEASURE_SEGMENT = 32
 MEASURE_PAIRS = 9
 MEASURE_BUDGET_S = 15.0
@@ -79,12 +83,14 @@ class Cancelled(Exception):  # noqa: N818 - it is an outcome, not an error
 
 
 def _decoding(stats):
-    """A segment's stats as a `Sample` timed from its first new token: its own clock less the prefill of its
-    context (the target's and the draft's, and the time between them); a stopped run (None or stopped stats) as it
-    is."""
-    if stats is None or getattr(stats, "stopped", False) or not stats.new_tokens:
+    """A segment's stats as a `Sample` timed from the end of its first round: its own clock less that round (the
+    prefill of its context, the target's and the draft's, with a speculative run's first draft and verify), its
+    tokens less the ones that round committed; a stopped run (None or stopped stats), or one whose first round gave
+    all its tokens, as it is."""
+    if stats is None or getattr(stats, "stopped", False) or stats.new_tokens <= stats.costs.prefill_tokens:
         return stats
-    return Sample(max(stats.time_total - stats.costs.prefill_seconds, 1e-9), stats.new_tokens, stats)
+    return Sample(max(stats.time_total - stats.costs.prefill_seconds, 1e-9),
+                  stats.new_tokens - stats.costs.prefill_tokens, stats)
 
 
 class Session:
@@ -217,8 +223,8 @@ class Session:
 
         what = (f"whole run of {n} tokens" if whole else
                 f"{seg}-token segments of the run's text (starting at its tokens {', '.join(map(str, starts))}; each "
-                "timed from its first new token: the prefill of its context, which the run never paid again, not "
-                "counted)")
+                "timed after its first round: the prefill of its context, which the run never paid again, and the "
+                "tokens that round gave, not counted)")
         return measure_speedup(speculative, plain, pairs=MEASURE_PAIRS, budget_s=MEASURE_BUDGET_S, on_pair=said,
                                segment=what)
 
@@ -329,6 +335,11 @@ def _prepack(model) -> str:
     if kinds != [("float32", "cpu")]:
         got = " and ".join(f"{dtype} on {device}" for dtype, device in kinds) or "no floating-point weights"
         raise HfspecError(f"prepack: got a target of {got}; allowed: {PREPACK_ALLOWED}")
+    needed, free = fast_linear.unpacked_bytes(model), memory.available_bytes()
+    if free is not None and needed + memory.OVERHEAD_BYTES > free:
+        raise HfspecError(f"prepack: the oneDNN copy of the target's linear weights needs {memory.gib(needed)} more "
+                          f"memory but {memory.gib(free)} is available; nothing was prepacked; allowed: prepack off, "
+                          "or more free memory")
     added = fast_linear.prepack(model)
     return (f"prepacked the target's linear weights for oneDNN: {added / 2**20:.1f} MiB added (a second fp32 copy "
             "of each)")

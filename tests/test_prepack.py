@@ -94,6 +94,32 @@ def test_prepack_refuses_a_bf16_target_before_decoding(micro, tmp_path):
     assert any(line.startswith("loading target") for line in said)  # loaded again: the refused one was not kept
 
 
+@needs_onednn
+def test_prepack_without_the_memory_for_its_copy_is_refused_and_nothing_is_kept(micro, monkeypatch):
+    from hfspec.io import memory
+
+    session = Session()
+    model = session.load_target(micro.target)[0]
+    free = memory.available_bytes()
+    if free is None:
+        pytest.skip("this system does not say how much memory is available")
+    real = fast_linear.unpacked_bytes
+    monkeypatch.setattr(fast_linear, "unpacked_bytes", lambda m: free)  # a copy as big as all that is free
+    said = []
+    with pytest.raises(HfspecError, match=r"^prepack: the oneDNN copy of the target's linear weights needs .* "
+                                          r"more memory but .* is available; nothing was prepacked; allowed: prepack off"):
+        session.run(replace(micro, prepack=True), progress=said.append)
+    assert any(line.startswith("loading target") for line in said)  # checked on the loaded target's own weights
+    assert not any(line.startswith("prepacked") for line in said)
+    assert fast_linear.prepacked_bytes(model) == 0  # the unpacked target the session holds is untouched
+    assert session.run(micro).stats.new_tokens == 12  # and still runs
+    # negative control: the real copy's size fits, and the same request prepacks
+    monkeypatch.setattr(fast_linear, "unpacked_bytes", real)
+    said.clear()
+    session.run(replace(micro, prepack=True), progress=said.append)
+    assert any(line.startswith("prepacked the target's linear weights") for line in said)
+
+
 def test_prepack_without_onednn_is_refused_by_name(micro, monkeypatch):
     monkeypatch.setattr(fast_linear, "available", lambda: False)  # a torch built without oneDNN
     with pytest.raises(HfspecError, match="^prepack: this torch .* has no oneDNN prepacked linear"):

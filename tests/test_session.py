@@ -214,10 +214,12 @@ def test_a_long_run_is_timed_in_segments_of_its_own_text(session, micro, monkeyp
     assert m.low <= m.measured_speedup <= m.high and m.verdict in ("stable", "unstable", "implausible")
 
 
-def test_segments_are_timed_from_their_first_new_token(session, micro, monkeypatch):
-    """A segment's prefill of its context (the run decoding on never paid it again) is not counted on either side:
-    each segment is timed by its own clock less its prefill (`_decoding`), and the measurement says so; a whole run
-    keeps its prompt's prefill (the control: its label, and runs timed by their clocks as they are)."""
+def test_segments_are_timed_after_their_first_round(session, micro, monkeypatch):
+    """A segment's prefill of its context (the run decoding on never paid it again) is not counted on either side,
+    nor are the tokens its first round committed (a speculative one drafts and verifies too): each segment is timed
+    by its own clock less its first round, over its tokens less that round's (`_decoding`), and the measurement
+    says so; a whole run keeps its prompt's prefill (the control: its label, and runs timed by their clocks as they
+    are)."""
     monkeypatch.setattr(measure, "outliers", lambda values, z=0: [False] * len(values))
     seg = session_module.MEASURE_SEGMENT
     timed = []
@@ -230,8 +232,15 @@ def test_segments_are_timed_from_their_first_new_token(session, micro, monkeypat
         prefill = c.prefill_target_seconds + c.prefill_draft_seconds + c.prefill_other_seconds
         assert c.prefill_seconds == pytest.approx(prefill)
         sample = real(stats)
-        assert prefill > 0 and sample.out is stats and sample.tokens == stats.new_tokens == seg
+        # every token is committed by exactly one round: the first, or a later one (its accepted draft tokens + 1)
+        assert c.prefill_tokens + sum(c.gamma_accepted) + c.rounds == stats.new_tokens == seg
+        if stats.gamma == 0:  # plain decoding: the prefill gives one token
+            assert c.prefill_tokens == 1
+        else:  # speculative: the prefill round also drafts γ₀ tokens and verifies them
+            assert 1 <= c.prefill_tokens <= c.prefill_gamma + 1
+        assert prefill > 0 and sample.out is stats and sample.tokens == seg - c.prefill_tokens
         assert sample.seconds == pytest.approx(stats.time_total - prefill)
+    assert any(s.gamma != 0 and s.costs.prefill_tokens > 1 for s in timed)  # a first round that gave more than one
     stopped = replace(timed[0], stopped=True)
     assert real(stopped) is stopped and real(None) is None  # a stopped run stays one
     timed.clear()

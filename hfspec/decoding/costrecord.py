@@ -44,6 +44,8 @@ class CostRecord:
     (the part of the outside time spent turning draft logits into tokens, which grows with k),
     `gamma_score_seconds` (the part spent scoring and verifying the k + 1 target positions), `gamma_accepted`
     (draft tokens accepted, summed over rows).
+    Round 0 (the prompt's prefill, with a speculative run's first draft and verify): `prefill_rounds`,
+    `prefill_gamma`, its seconds by part (`prefill_seconds` their sum) and `prefill_tokens`, the tokens it committed.
     `step_seconds` / `steps`: one-token target passes timed after the run (outside its total time), or, when
     `steps_reused` (of them) is set, the mean of earlier runs' timings of the same target reused.
     """
@@ -62,6 +64,7 @@ class CostRecord:
     prefill_target_seconds: float = 0.0
     prefill_draft_seconds: float = 0.0
     prefill_other_seconds: float = 0.0
+    prefill_tokens: int = 0
     step_seconds: float = 0.0
     steps: int = 0
     steps_reused: int = 0
@@ -72,11 +75,14 @@ class CostRecord:
         return self.prefill_target_seconds + self.prefill_draft_seconds + self.prefill_other_seconds
 
     def record(self, k: int, width: int, rows: int, seconds: RoundSeconds, *, prefill: bool,
-               accepted: int = 0) -> None:
+               accepted: int = 0, tokens: int = 0) -> None:
         """One round: k draft tokens proposed, the target fed `width` positions per row over `rows` rows, its
-        time split as `seconds` says; `accepted`: draft tokens kept, summed over rows."""
+        time split as `seconds` says; `accepted`: draft tokens kept, summed over rows; `tokens`: the tokens it
+        committed, summed over rows (kept for the prefill round: a run timed from the end of its prefill round
+        counts the tokens after it)."""
         if prefill:
             self.prefill_rounds += 1
+            self.prefill_tokens += tokens
             self.prefill_gamma = k
             self.prefill_target_seconds += seconds.target
             self.prefill_draft_seconds += seconds.draft
@@ -178,14 +184,14 @@ class RoundMeter:
 
         return _Pause()
 
-    def end(self, k: int, accepted: int = 0) -> None:
+    def end(self, k: int, accepted: int = 0, tokens: int = 0) -> None:
         rows = self._rows
         wall = time.perf_counter() - self._began - self._excluded
         target_s = self.target.seconds - self._t
         draft_s = self.draft.seconds - self._d
         width = (self.target.positions_fed - self._t_fed) // max(1, rows)
         seconds = RoundSeconds(draft_s, target_s, max(0.0, wall - target_s - draft_s), self._pick, self._score)
-        self.record.record(k, width, rows, seconds, prefill=self.rounds == 0, accepted=accepted)
+        self.record.record(k, width, rows, seconds, prefill=self.rounds == 0, accepted=accepted, tokens=tokens)
         self.rounds += 1
 
 

@@ -67,10 +67,12 @@ def decode(target: torch.nn.Module, draft: Draft | None, input_ids: torch.Tensor
         if run.user_stopped():
             break
         run.meter.begin(len(run.active))
+        before = sum(map(len, run.out))
         proposal, verdict = job.verifier.propose_and_verify(run)
         done = commit(run, proposal, verdict)
         settle(run, proposal, verdict, done)
-        run.meter.end(proposal.gamma, sum(done.accepted))  # the round's costs, for `hfspec.decoding.costmodel`
+        # the round's costs, for `hfspec.decoding.costmodel`, and the tokens it committed
+        run.meter.end(proposal.gamma, sum(done.accepted), max(0, sum(map(len, run.out)) - before))
     return run.finish()
 
 

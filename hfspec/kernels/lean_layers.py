@@ -6,6 +6,7 @@ closure with the fewest operators (`_Block`), read from the Hugging Face modules
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -24,6 +25,14 @@ DENSE_BELOW = 1 << 18
 # an eighth of the fp32 bytes); below 64 KB of fp32 a matrix stays in cache anyway and the kernel's casts cost
 # more than the bytes they save (benchmarks/ measures both sides)
 INT4_FROM = 1 << 14
+# activation rows: from this many a packed int4 / int8 matrix is multiplied as bf16, dequantised a block of its
+# rows at a time, by oneDNN's GEMM (`_dequantised`). The packed kernels cost nearly a row's worth per row: a long
+# prompt's prefill through them cost more than the target's own (SmolLM2-135M fp32, 1024 rows: rtn4 1.25x, int8
+# 1.27x). Dequantising costs a fixed ~4 ns a weight on the 2-core EPYC VM, so it pays from about 400 rows at int4
+# (prefill time 1.19x the kernel's at 256 rows, 0.88x at 512, 0.70x at 1024) and 100 at int8 (1.25x at 64, 0.79x
+# at 128, 0.71x at 1024); `benchmarks/bench_prefill_rows.py`, 3 December
+DEQUANTISED_FROM = {"int4": 512, "int8": 128}
+DEQUANTISED_BLOCK = 1 << 20  # weights dequantised at once (2 MiB of bf16: a block stays in the CPU's cache)
 _ACTS = {"silu": F.silu, "swish": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
          "gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh")}
 _PATH_INT4 = "int4 CPU kernel (aten._weight_int4pack_mm_for_cpu)"
@@ -117,12 +126,20 @@ class LeanLinear(nn.Module):
             bf16 = torch.bfloat16
 
             def int4(x):
+                if x.shape[0] >= DEQUANTISED_FROM["int4"]:
+                    return _dequantised(x, n, 64, functools.partial(_int4_rows, packed, sz, group), bias)
                 y = kernel(x.to(bf16), packed, group, sz)
                 y = (y[:, :n] if padded != n else y).float()
                 return y if bias is None else y + bias
             return int4
         if self.int8:
-            return int8.matmul_fn(self.codes, self.scales, bias)
+            codes, scales, packed_int8 = self.codes, self.scales, int8.matmul_fn(self.codes, self.scales, bias)
+
+            def int8_rows(x):
+                if x.shape[0] >= DEQUANTISED_FROM["int8"]:
+                    return _dequantised(x, n, 1, functools.partial(_int8_rows, codes, scales), bias)
+                return packed_int8(x)
+            return int8_rows
         weight = self.weight
         if weight.dtype == torch.float32:
             return lambda x: F.linear(x, weight, bias)
@@ -138,6 +155,35 @@ class LeanLinear(nn.Module):
         if self.int8:
             return int8.dequantize(self.codes[ids], self.scales[ids], dtype)
         return self.weight[ids].to(dtype)
+
+
+def _dequantised(x: torch.Tensor, n: int, multiple: int, weight_rows, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [M, K] W^T [M, N] fp32 (+ bias) in bf16 GEMMs over blocks of W's rows, `weight_rows(start, end)` giving
+    rows [start, end) of W in bf16 (blocks a multiple of `multiple` rows)."""
+    xb = x.to(torch.bfloat16)
+    y = torch.empty(x.shape[0], n, dtype=torch.float32, device=x.device)
+    step = max(multiple, DEQUANTISED_BLOCK // max(1, x.shape[1]) // multiple * multiple)
+    for start in range(0, n, step):
+        end = min(n, start + step)
+        y[:, start:end] = F.linear(xb, weight_rows(start, end))
+    return y if bias is None else y + bias
+
+
+def _int4_rows(packed: torch.Tensor, sz: torch.Tensor, group_size: int, start: int, end: int) -> torch.Tensor:
+    """Rows [start, end) (start a multiple of 64) of the int4 kernel's weight as bf16, computed as the kernel
+    computes it: (code − 8) · scale + (zero + 8 · scale), both bf16 (`LeanLinear`'s `scales_and_zeros`)."""
+    k = packed.shape[1] * 2
+    tiles = packed.view(-1, k, 32)[start // 64:-(-end // 64)]  # [T, K, 32]: rows t·64 + r (low), + 32 (high)
+    codes = torch.stack([tiles & 0x0F, tiles >> 4], 1).transpose(2, 3).reshape(-1, k)[:end - start]
+    part = sz[:, start:end].float()  # [G, R, 2]
+    scale, offset = part[..., 0].t()[..., None], part[..., 1].t()[..., None]  # [R, G, 1]
+    w = (codes.view(end - start, -1, group_size).float() - 8).mul_(scale).add_(offset)
+    return w.view(end - start, k).to(torch.bfloat16)
+
+
+def _int8_rows(codes: torch.Tensor, scales: torch.Tensor, start: int, end: int) -> torch.Tensor:
+    """Rows [start, end) of a per-channel int8 weight as bf16."""
+    return int8.dequantize(codes[start:end], scales[start:end], torch.bfloat16)
 
 
 def _row_blocks(rows: int, cols: int, multiple: int):

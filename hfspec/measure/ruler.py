@@ -367,8 +367,9 @@ def from_timings(timings: Timings, segment: str = "", name: str = "spec") -> Mea
     spec_runs = [k[name].out for k in kept if isinstance(k[name].out, SpecStats)]
     plain_runs = [k[timings.baseline].out for k in kept if isinstance(k[timings.baseline].out, SpecStats)]
     before = timings.before
-    m = Measurement(
-        new_tokens=kept[0][name].tokens if kept else 0,
+    first = kept[0][name] if kept else None
+    m = Measurement(  # new_tokens: the runs' length (a sample timed after its first round counts fewer tokens)
+        new_tokens=0 if first is None else first.out.new_tokens if isinstance(first.out, SpecStats) else first.tokens,
         speculative_tokens_per_second=r.tokens_per_second, plain_tokens_per_second=r.baseline_tokens_per_second,
         pairs=len(kept), threads=timings.threads, load_avg=_max_load(timings), speedup_sd=r.sd,
         speculative_runs=spec_runs, plain_runs=plain_runs, ratio=r.median, low=r.low, high=r.high,
