@@ -27,10 +27,11 @@ DENSE_BELOW = 1 << 18
 INT4_FROM = 1 << 14
 # activation rows: from this many a packed int4 / int8 matrix is multiplied as bf16, dequantised a block of its
 # rows at a time, by oneDNN's GEMM (`_dequantised`). The packed kernels cost nearly a row's worth per row: a long
-# prompt's prefill through them cost more than the target's own (SmolLM2-135M fp32, 1024 rows: rtn4 1.25x, int8
-# 1.27x). Dequantising costs a fixed ~4 ns a weight on the 2-core EPYC VM, so it pays from about 400 rows at int4
-# (prefill time 1.19x the kernel's at 256 rows, 0.88x at 512, 0.70x at 1024) and 100 at int8 (1.25x at 64, 0.79x
-# at 128, 0.71x at 1024); `benchmarks/bench_prefill_rows.py`, 3 December
+# prompt's prefill through them cost more than the target's own (SmolLM2-135M fp32, 1024 rows: rtn4 1.08-1.25x,
+# int8 1.16-1.27x). Dequantising costs a fixed ~4 ns a weight on the 2-core EPYC VM, so it pays from about 500 rows
+# at int4 (prefill time over the kernel path's, two runs: 1.06-1.19x at 256 rows, 0.88-0.99x at 512, 0.70-0.76x
+# at 1024) and 100 at int8 (1.25-1.34x at 64, 0.78-0.79x at 128, 0.64-0.71x at 1024);
+# `benchmarks/bench_prefill_rows.py`, 3 December
 DEQUANTISED_FROM = {"int4": 512, "int8": 128}
 DEQUANTISED_BLOCK = 1 << 20  # weights dequantised at once (2 MiB of bf16: a block stays in the CPU's cache)
 _ACTS = {"silu": F.silu, "swish": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
