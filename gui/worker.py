@@ -7,6 +7,7 @@ and redraw rate are independent, as in pglive). Stop is a `threading.Event` the 
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 import traceback
@@ -21,8 +22,51 @@ from hfspec.session import Cancelled, LiveBuffer, RunSettings, Session
 REDRAW_MS = 50  # ~20 Hz
 SETTLE_MS = 200  # after drawing the run, the GUI stays idle this long before the speed-up is timed
 SETTLE_TIMEOUT_S = 3.0  # the worker never waits longer than this for the display
+GC_EVERY_MS = 1000  # while a worker thread exists, Python's cyclic GC runs on the GUI thread this often, never on the worker
 FAILED_TITLES = {"run": "Run failed", "sweep": "Sweep failed", "compare": "Compare failed",
                  "sensitivity": "Sensitivity failed"}
+
+
+class GuiThreadGC:
+    """Python's cyclic garbage collector only on the GUI thread while a controller's worker thread exists.
+
+    An automatic collection runs on whichever thread allocates past the threshold; on the worker thread (a
+    torch.compile of the draft step allocates a great deal) it can free Qt wrappers there, and Qt then crashed the
+    process (a segmentation fault inside a collection on the worker thread, in the dashboard's tests on
+    3 December 2026). Automatic collection is turned off while any controller lives, and a timer on the GUI thread
+    collects each generation whose count is past its threshold (as pyqtgraph's `GarbageCollector`); it is turned
+    back on, as it was, when the last controller shuts down."""
+
+    live = 0
+    was_enabled = True
+
+    def __init__(self, parent: QObject):
+        if GuiThreadGC.live == 0:
+            GuiThreadGC.was_enabled = gc.isenabled()
+            gc.disable()
+        GuiThreadGC.live += 1
+        self.closed = False
+        self.timer = QTimer(parent)
+        self.timer.setInterval(GC_EVERY_MS)
+        self.timer.timeout.connect(self.collect)
+        self.timer.start()
+
+    @staticmethod
+    def collect() -> None:
+        counts, thresholds = gc.get_count(), gc.get_threshold()
+        for generation in (2, 1, 0):  # the oldest generation due (collecting it collects the younger ones)
+            if counts[generation] > thresholds[generation]:
+                gc.collect(generation)
+                return
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.timer.stop()
+        GuiThreadGC.live -= 1
+        if GuiThreadGC.live == 0 and GuiThreadGC.was_enabled:
+            gc.enable()
 
 
 @dataclass
@@ -160,6 +204,7 @@ class RunController(QObject):
         self.timer = QTimer(self)
         self.timer.setInterval(REDRAW_MS)
         self.timer.timeout.connect(self._tick)
+        self.gc = GuiThreadGC(self)
         self.thread.start()
         self.busy = False
         self.job: Job | None = None
@@ -186,6 +231,7 @@ class RunController(QObject):
         if self.thread.isRunning():
             self.thread.quit()
             self.thread.wait(timeout_ms)
+        self.gc.close()
 
     def _tick(self) -> None:
         items = self.buffer.drain()
