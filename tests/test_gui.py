@@ -431,3 +431,28 @@ def test_a_long_session_cannot_drain_none(qtbot):
     assert before - sys.getrefcount(None) <= 10_000
     if sys.version_info < (3, 12):
         assert sys.getrefcount(None) > gui.NONE_REFS // 2
+
+
+def test_a_long_session_cannot_drain_true_or_false(qtbot):
+    """PySide6 6.12 on Python 3.11 drops a reference to True per Python `Signal.emit` (pyqtgraph emits on every
+    redraw); a full GUI test run aborted at exit with "bool_dealloc" (3 December 2026). Importing the dashboard gives
+    True and False enough references that no session runs out: 10,000 emits later both still hold nearly all."""
+    import sys
+
+    from PySide6.QtCore import QObject, Signal
+
+    import gui
+
+    class Emitter(QObject):
+        flag = Signal(bool)
+
+    emitter, seen = Emitter(), []
+    emitter.flag.connect(seen.append)
+    before = sys.getrefcount(True), sys.getrefcount(False)
+    for i in range(10_000):
+        emitter.flag.emit(i % 2 == 0)
+    assert len(seen) == 10_000
+    seen.clear()
+    assert before[0] - sys.getrefcount(True) <= 10_000 and before[1] - sys.getrefcount(False) <= 10_000
+    if sys.version_info < (3, 12):
+        assert min(sys.getrefcount(True), sys.getrefcount(False)) > gui.IMMORTAL_REFS // 2
