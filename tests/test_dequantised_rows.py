@@ -59,7 +59,7 @@ def test_many_rows_take_the_dequantised_path_and_give_the_kernels_product(storag
     calls = []
     real = lean_layers._dequantised
     monkeypatch.setattr(lean_layers, "_dequantised", lambda *a: calls.append(a) or real(*a))
-    monkeypatch.setattr(lean_layers, "DEQUANTISED_BLOCK", 64 * 96)  # several blocks of rows
+    monkeypatch.setattr(groupwise, "CHUNK_ELEMENTS", 64 * 96)  # several blocks of rows (`lean_layers._row_blocks`)
     monkeypatch.setitem(lean_layers.DEQUANTISED_FROM, storage, 12)
     got = lin(x)
     assert len(calls) == 1 and got.dtype == torch.float32 and got.shape == (12, 200)

@@ -33,7 +33,6 @@ INT4_FROM = 1 << 14
 # at 1024) and 100 at int8 (1.25-1.34x at 64, 0.78-0.79x at 128, 0.64-0.71x at 1024);
 # `benchmarks/bench_prefill_rows.py`, 3 December
 DEQUANTISED_FROM = {"int4": 512, "int8": 128}
-DEQUANTISED_BLOCK = 1 << 20  # weights dequantised at once (2 MiB of bf16: a block stays in the CPU's cache)
 _ACTS = {"silu": F.silu, "swish": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
          "gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh")}
 _PATH_INT4 = "int4 CPU kernel (aten._weight_int4pack_mm_for_cpu)"
@@ -159,13 +158,12 @@ class LeanLinear(nn.Module):
 
 
 def _dequantised(x: torch.Tensor, n: int, multiple: int, weight_rows, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [M, K] W^T [M, N] fp32 (+ bias) in bf16 GEMMs over blocks of W's rows, `weight_rows(start, end)` giving
-    rows [start, end) of W in bf16 (blocks a multiple of `multiple` rows)."""
+    """x [M, K] W^T [M, N] fp32 (+ bias) in bf16 GEMMs over blocks of W's rows (`_row_blocks`: about a million
+    weights, 2 MiB of bf16, at a time), `weight_rows(start, end)` giving rows [start, end) of W in bf16 (blocks a
+    multiple of `multiple` rows)."""
     xb = x.to(torch.bfloat16)
     y = torch.empty(x.shape[0], n, dtype=torch.float32, device=x.device)
-    step = max(multiple, DEQUANTISED_BLOCK // max(1, x.shape[1]) // multiple * multiple)
-    for start in range(0, n, step):
-        end = min(n, start + step)
+    for start, end in _row_blocks(n, x.shape[1], multiple):
         y[:, start:end] = F.linear(xb, weight_rows(start, end))
     return y if bias is None else y + bias
 
