@@ -31,14 +31,17 @@ from hfspec.drafts.rtn import GroupSpecs, make_rtn_draft
 from hfspec.errors import HfspecError
 from hfspec.io import memory
 from hfspec.kernels import fast_linear
-from hfspec.quant.calibrate import Calibration, Coded, calibrate, calibration_matrices
+from hfspec.quant.calibrate import CAPTURE_BYTES, Calibration, Coded, calibrate, calibration_matrices
 from hfspec.quant.packing import pack_rows, unpack_rows
 
 GPTQ_BITS = (2, 8)
-FORMAT = 3  # the cache file's layout and the algorithm's version: a change makes older entries unused (3: the text
-# and the Hessians' forwards run on oneDNN-prepacked weights, `_prepacked`, which rounds differently)
+FORMAT = 4  # the cache file's layout and the algorithm's version: a change makes older entries unused (3: the text
+# and the Hessians' forwards run on oneDNN-prepacked weights, `_prepacked`, which rounds differently; 4: the
+# Hessians come from the inputs captured while the text is written, which round differently again)
 PREPACK_MARGIN = 2 << 30  # memory left free beyond twice the prepacked copy, or calibration runs on the weights as
 # they are (the copy, and the calibration's own working memory: 6.3 GB at the 1.7B shape, about the weights again)
+CAPTURE_MARGIN = 3 << 30  # memory left free beyond the inputs captured while the text is written (for GPTQ's
+# sweeps and the Hessians held: at the 1.7B shape those inputs are 5.7 GB), else forwards take them after the text
 CALIBRATION_DIR = Path(os.environ.get("HFSPEC_CALIBRATION_DIR", Path.home() / ".cache" / "hfspec" / "calibrated"))
 
 
@@ -80,8 +83,10 @@ def calibrated_codes(model: nn.Module, bits: int, group_size: int, settings: Cal
         except Exception as why:  # noqa: BLE001 - a damaged entry (any reader error) is replaced, never used
             warnings.warn(f"calibration cache entry {path} is unusable ({why}); calibrating again", stacklevel=2)
     began = time.perf_counter()
-    with _prepacked(model, settings, say):
-        codes = calibrate(model, bits, group_size, settings, names, progress)
+    with _prepacked(model, settings, say) as release:
+        free = memory.available_bytes()
+        budget = CAPTURE_BYTES if free is None else max(0, free - CAPTURE_MARGIN)
+        codes = calibrate(model, bits, group_size, settings, names, progress, budget, release)
     spent = time.perf_counter() - began
     try:
         _write(path, model, codes, bits, group_size, settings)
@@ -105,12 +110,12 @@ def _prepacked(model: nn.Module, settings: Calibration, say):
     free = memory.available_bytes()
     if (not needed or settings.sequential or not fast_linear.available() or fast_linear.prepacked_bytes(model)
             or (free is not None and free < 2 * needed + PREPACK_MARGIN)):
-        yield
+        yield lambda: None
         return
     added = fast_linear.prepack(model)
     say(f"calibrating on oneDNN-prepacked weights ({memory.gib(added)} for the calibration)")
     try:
-        yield
+        yield lambda: fast_linear.unprepack(model)  # (early, once no forward is left: the copy's memory is free)
     finally:
         fast_linear.unprepack(model)
 

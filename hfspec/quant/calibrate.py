@@ -2,11 +2,12 @@
 and GPTQ codes for all of them (`calibrate`).
 
 No data set is downloaded: the target samples `sequences` texts of `tokens` tokens from its BOS at temperature 1
-(seeded), which is the distribution the draft must imitate. One forward over them with hooks on every matrix the
-draft quantises gives each matrix's Hessian Σ x xᵀ; matrices of one shape are then quantised together
+(seeded), which is the distribution the draft must imitate. Every matrix's inputs are kept while it writes
+(`capture.TextInputs`), and give each matrix's Hessian Σ x xᵀ; matrices of one shape are then quantised together
 (`gptq.gptq_quantize` batched), which makes the sweep's Python loop run once per column for all layers.
 
-For a decoder with a layer list (`model.model.layers`) the Hessians are taken one layer at a time on the hidden
+Where the captured inputs would not fit in memory (or for `sequential`), the Hessians are taken by forwards over
+the text after it; for a decoder with a layer list (`model.model.layers`) one layer at a time on the hidden
 states streamed through the layers (`_streamed`): memory holds one layer's Hessians, not every layer's (at the
 1.7B shape every layer's at once would be ~17 GB in fp64 beside the 7 GB model).
 """
@@ -23,9 +24,12 @@ import torch
 from torch import nn
 
 from hfspec.quant import gptq, groupwise, refit
+from hfspec.quant.capture import TextInputs
+from hfspec.quant.capture import gram as _gram
 from hfspec.quant.known_layers import Conv1D
 
 HESSIAN_BYTES = 1 << 30  # Hessians held before their layers are quantised (more layers: fewer, larger GPTQ sweeps)
+CAPTURE_BYTES = 4 << 30  # the inputs captured while the text is written, unless the caller gives its own budget
 BATCH_ELEMENTS = 64 << 20  # weights per batched GPTQ sweep (bounds the fp32 scratch to a few hundred MB)
 PROGRESS_EVERY = 2.0  # seconds between progress messages
 
@@ -134,31 +138,58 @@ def _weight(module: nn.Module) -> torch.Tensor:
 
 
 def calibrate(model: nn.Module, bits: int, group_size: int, settings: Calibration | None = None,
-              names: list[str] | None = None, progress: Callable[[str], None] | None = None) -> dict[str, Coded]:
+              names: list[str] | None = None, progress: Callable[[str], None] | None = None,
+              capture_bytes: int = CAPTURE_BYTES, after_text: Callable[[], None] | None = None) -> dict[str, Coded]:
     """GPTQ codes for each named matrix of `model` (default: `calibration_matrices`), keyed by module name.
 
     Tied matrices (one Parameter in several modules) are quantised once, from the Hessian of the module named
-    first, and appear under each name."""
+    first, and appear under each name. The matrices' inputs are captured while the target writes its text
+    (`capture.TextInputs`, up to `capture_bytes`; then `after_text()` runs, no forward being left), or, over that
+    budget or with `settings.sequential`, taken by forwards over the text after it."""
     say = progress or (lambda message: None)
     settings = settings or Calibration()
     began = time.perf_counter()
     names = list(calibration_matrices(model)) if names is None else list(names)
-    say(f"calibrating: the target writes {settings.sequences} × {settings.tokens} tokens of its own text")
-    ids = self_samples(model, settings.sequences, settings.tokens, settings.seed)
-    say(f"calibrating: input statistics of {len(names)} matrices ({time.perf_counter() - began:.0f} s)")
     owner: dict[int, str] = {}
     for name in names:
         owner.setdefault(id(model.get_submodule(name).weight), name)
     unique = list(dict.fromkeys(owner.values()))
-    meter = _Meter(say, began, *_work(model, unique, ids.numel()))
-    layers = _layers(model)
-    if layers is not None:
-        codes = _streamed(model, layers, ids, unique, bits, group_size, settings, meter)
+    say(f"calibrating: the target writes {settings.sequences} × {settings.tokens} tokens of its own text")
+    rows = settings.sequences * (settings.tokens + 1)
+    with TextInputs(model, unique, rows, 0 if settings.sequential else capture_bytes) as captured:
+        ids = self_samples(model, settings.sequences, settings.tokens, settings.seed)
+        captured.finish(ids)
+    say(f"calibrating: input statistics of {len(names)} matrices ({time.perf_counter() - began:.0f} s)")
+    if captured.complete:
+        if after_text is not None:
+            after_text()
+        meter = _Meter(say, began, *_work(model, unique, ids.numel(), forward=False))
+        codes = _from_captured(model, captured, unique, bits, group_size, settings, meter)
     else:
-        found = hessians(model, ids, unique)
-        meter.passed(unique)
-        codes = gptq_codes(model, found, unique, bits, group_size, settings, meter)
+        meter = _Meter(say, began, *_work(model, unique, ids.numel()))
+        layers = _layers(model)
+        if layers is not None:
+            codes = _streamed(model, layers, ids, unique, bits, group_size, settings, meter)
+        else:
+            found = hessians(model, ids, unique)
+            meter.passed(unique)
+            codes = gptq_codes(model, found, unique, bits, group_size, settings, meter)
     return {name: codes[owner[id(model.get_submodule(name).weight)]] for name in names}
+
+
+def _from_captured(model: nn.Module, captured: TextInputs, names: list[str], bits: int, group_size: int,
+                   settings: Calibration, meter: _Meter) -> dict[str, Coded]:
+    """GPTQ codes from the captured inputs, Hessians taken in the model's order and quantised (matrices of one
+    shape together) whenever HESSIAN_BYTES of them are held, so the captured inputs are freed as they go."""
+    codes: dict[str, Coded] = {}
+    pending: dict[str, torch.Tensor] = {}
+    for i, name in enumerate(names):
+        pending[name] = captured.hessian(name)
+        meter.passed([name])
+        if i == len(names) - 1 or _nbytes(pending) >= HESSIAN_BYTES:
+            codes.update(gptq_codes(model, pending, list(pending), bits, group_size, settings, meter))
+            pending.clear()
+    return codes
 
 
 class _Meter:
@@ -195,16 +226,17 @@ class _Meter:
 PASS_WORK = 0.15  # a calibration token's forward and xᵀx work, N·K + K²/2 a matrix, against GPTQ's N·K² (_work)
 
 
-def _work(model: nn.Module, names: list[str], tokens: int = 0) -> tuple[dict[str, float], dict[str, float]]:
+def _work(model: nn.Module, names: list[str], tokens: int = 0, forward: bool = True
+          ) -> tuple[dict[str, float], dict[str, float]]:
     """Each named matrix's share of the calibration's time after the text, in two parts: N·K² (its GPTQ sweep and
     grid refit) and PASS_WORK · T · (N·K + K²/2) (its part of the T calibration tokens' forward, and their xᵀx).
     At the 1.7B shape (2 cores) a layer took about 25 s for its Σ N·K² = 239 G and 7 s for its forward and
     Hessians over T = 4096 tokens, Σ T (N·K + K²/2) = 438 G: 0.105 and 0.016 s per G. At 135M the second part
-    is most of the time."""
+    is most of the time. forward=False: the inputs were captured while the text was written (xᵀx only)."""
     gptq_work, pass_work = {}, {}
     for name in names:
         n, k = (float(x) for x in _weight(model.get_submodule(name)).shape)
-        gptq_work[name], pass_work[name] = n * k * k, PASS_WORK * tokens * (n * k + k * k / 2)
+        gptq_work[name], pass_work[name] = n * k * k, PASS_WORK * tokens * (n * k * forward + k * k / 2)
     return gptq_work, pass_work
 
 
@@ -361,22 +393,3 @@ def _hooked_hessians(model: nn.Module, names: list[str], run: Callable[[], objec
         for h in hooks:
             h.remove()
     return found
-
-
-GRAM_PARTS = 8  # column blocks of xᵀx: only the blocks on and above the diagonal are multiplied
-
-
-def _gram(x: torch.Tensor) -> torch.Tensor:
-    """xᵀx [K, K] for x [T, K], multiplying only the column blocks on and above the diagonal and mirroring the
-    rest (the same values as x.t() @ x; at K = 8192 over 4096 rows 1.9 s instead of 3.3 s on two cores). Small K:
-    one product."""
-    k = x.shape[1]
-    if k < 2048:
-        return x.t() @ x
-    out = torch.empty(k, k, dtype=x.dtype)
-    step = -(-k // GRAM_PARTS)
-    for i in range(0, k, step):
-        j = min(k, i + step)
-        out[i:j, i:] = x[:, i:j].t() @ x[:, i:]
-        out[j:, i:j] = out[i:j, j:].t()
-    return out
