@@ -29,15 +29,20 @@ from hfspec.drafts.fidelity import fidelity  # noqa: E402
 from hfspec.drafts.sensitivity import _probs, coded_overlap  # noqa: E402
 from hfspec.quant.calibrate import Calibration, calibration_matrices, gptq_codes, hessians, self_samples  # noqa: E402
 
-# (label, sequences, group size, Calibration fields)
+# (label, sequences, tokens, group size, Calibration fields)
 SETTINGS = [
-    ("64 × 64, no refit", 64, 32, {"refits": 0}),
-    ("64 × 64 (default)", 64, 32, {}),
-    ("64 × 64, refits 2", 64, 32, {"refits": 2}),
-    ("64 × 64, damp 10 %", 64, 32, {"damp": 0.1}),
-    ("64 × 64, groups of 128", 64, 128, {}),
-    ("128 × 64, no refit", 128, 32, {"refits": 0}),
-    ("128 × 64", 128, 32, {}),
+    ("64 × 64, no refit", 64, 64, 32, {"refits": 0}),
+    ("64 × 64 (default)", 64, 64, 32, {}),
+    ("64 × 64, refits 2", 64, 64, 32, {"refits": 2}),
+    ("64 × 64, damp 10 %", 64, 64, 32, {"damp": 0.1}),
+    ("64 × 64, groups of 128", 64, 64, 128, {}),
+    ("128 × 64, no refit", 128, 64, 32, {"refits": 0}),
+    ("128 × 64", 128, 64, 32, {}),
+    ("128 × 32", 128, 32, 32, {}),
+    ("256 × 32", 256, 32, 32, {}),
+    ("256 × 64", 256, 64, 32, {}),
+    ("256 × 16", 256, 16, 32, {}),
+    ("512 × 8", 512, 8, 32, {}),
 ]
 
 
@@ -66,12 +71,13 @@ def main() -> None:
         lines.append(f"| the model {Path(args.reference).name} as it is | {value:.4f} | {1 - value:.4f} | — |")
         del ref
     chosen = SETTINGS if not args.only else [SETTINGS[int(i)] for i in args.only.split(",")]
-    found: dict[int, dict] = {}
-    for label, sequences, group, fields in chosen:
-        if sequences not in found:
-            found[sequences] = hessians(target, self_samples(target, sequences, 64, 0), names)
+    found: dict[tuple[int, int], dict] = {}
+    for label, sequences, tokens, group, fields in chosen:
+        if (sequences, tokens) not in found:
+            found = {(sequences, tokens): hessians(target, self_samples(target, sequences, tokens, 0), names)}
         watch = common.Stopwatch()
-        codes = gptq_codes(target, found[sequences], names, args.bits, group, Calibration(sequences=sequences, **fields))
+        codes = gptq_codes(target, found[sequences, tokens], names, args.bits, group,
+                           Calibration(sequences=sequences, tokens=tokens, **fields))
         seconds = watch.seconds
         value = coded_overlap(target, names, codes, group, held_out, p_float)
         rows.append({"setting": label, "overlap": value, "quantise_s": seconds})

@@ -5,8 +5,9 @@ scales and "a short distillation of the draft's scales and zeros against the tar
 script measures the third on top of the first. The codes of the cached `gptq4` draft stay fixed; each group's
 scale and its value at the middle code (`--params groups`: two numbers per 32 weights, 8.4 M at SmolLM2-135M),
 or one multiplier and one shift per output row folded into them (`--params rows`), are trained by Adam on
-KL(p_target ‖ p_draft) at T = 1 over the text the target writes for its calibration (64 × 64 tokens, seed 0, as
-`hfspec.quant.calibrate`), `--batch` sequences a step, the draft's forward under bf16 autocast (`--amp`). Every
+KL(p_target ‖ p_draft) at T = 1 over the text the target writes for its calibration (the default `Calibration`'s,
+seed 0, as `hfspec.quant.calibrate`; 64 × 64 tokens when docs/drafts.md's results were taken), `--batch`
+sequences a step, the draft's forward under bf16 autocast (`--amp`). Every
 `--every` steps the mean Σ min(p, q) (the expected acceptance at T = 1) is measured on 4 × 128 held-out tokens the
 target writes with seed 1000 (as benchmarks/bench_calibration_settings.py), with the trained grids rounded to fp16
 as a draft would store them. The draft's format, bytes and step are unchanged by it; only whether it pays is asked.

@@ -37,7 +37,8 @@ PROGRESS_EVERY = 2.0  # seconds between progress messages
 @dataclass(frozen=True)
 class Calibration:
     """How a calibrated draft is made: `sequences` self-sampled texts of `tokens` tokens (seed `seed`; on SmolLM2-135M
-    off the grid, 64 × 64 gave overlap 0.832 in 51 s, 32 × 128 0.826 in 75 s, 128 × 64 0.844 in 75 s), GPTQ
+    off the grid, held-out overlap Σ min(p, q) with the same 4096 tokens: 64 × 64 0.834, 128 × 32 0.846 (but
+    fewer accepted on the benchmark's prompts: docs/drafts.md), 256 × 16 0.838; twice the text, 128 × 64 0.848), GPTQ
     with `damp`, the clipping search `shrink` and act-order (`gptq.gptq_quantize`); `sequential`: Hessians of
     each layer taken on the outputs of the already quantised layers below it (on SmolLM2-135M off the grid:
     overlap Σ min(p, q) 0.826 -> 0.829 for 40 % more time, so off by default). All of it is part of the cache
