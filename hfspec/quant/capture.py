@@ -3,12 +3,13 @@ forward over that text is needed for the Hessians.
 
 The target writes its calibration text with its KV cache, one position of every sequence per step: each
 step's decoder passes already compute every matrix's input at that position, the same values a forward of the
-whole text computes (to float rounding). Held until the Hessians are taken, they save that forward: at the
-1.7B shape about 3.4 s of 31 s a layer. Matrices fed the same tensor object (q/k/v, gate/up) hold one copy.
+whole text computes (to float rounding). Held until the Hessians are taken, they save that forward (at the
+1.7B shape a layer took 29.7 s against 32.2 s; docs/drafts.md). Matrices fed the same tensor object (q/k/v,
+gate/up) share one buffer.
 The last sampled token is fed once more through the cache (`finish`) so the captured positions are exactly the
 text's. Holding them costs memory (T × Σ K floats: 5.7 GB for the 1.7B shape's 64 × 65 tokens), so capturing
-stops and frees what it holds once the first step says the whole would exceed `budget`; the caller then takes
-the Hessians with forwards as before.
+stops and frees what it holds at the first step if its buffers would exceed `budget`; the caller then takes the
+Hessians with forwards as before.
 """
 
 from __future__ import annotations
