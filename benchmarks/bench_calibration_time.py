@@ -14,6 +14,7 @@ Timing of a whole build on one machine: run it on a quiet machine (nothing else 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -82,12 +83,17 @@ def main() -> None:
     p.add_argument("--sequences", type=int, default=Calibration.sequences,
                    help=f"self-sampled calibration sequences (default {Calibration.sequences})")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--heap", choices=("kept", "default"), default="kept",
+                   help="kept: calibrate inside hfspec.io.memory.kept_heap as hfspec does; default: glibc's own rules "
+                        "(the comparison)")
     p.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    if args.heap == "default":
+        calibrated.memory.kept_heap = contextlib.nullcontext  # (this process only: the comparison's arm)
     models = {name: path for name, path in common.PAIRS.items() if (path / "config.json").exists()}
     lines = [f"{common.machine_name()}, {args.threads} threads, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, "
-             f"draft {args.spec}, {args.sequences} × {Calibration.tokens} calibration tokens, load at start {os.getloadavg()[0]:.1f}", "",
+             f"draft {args.spec}, {args.sequences} × {Calibration.tokens} calibration tokens, heap {args.heap}, load at start {os.getloadavg()[0]:.1f}", "",
              "| target | parameters | first build s | sampled at s | quantised at s | cached build s | peak RSS GiB |",
              "|---|---|---|---|---|---|---|"]
     rows = []

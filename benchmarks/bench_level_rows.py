@@ -30,7 +30,11 @@ from common import (
 from hfspec.kernels.lean_layers import LeanLinear
 from hfspec.quant import int8
 
-STORAGES = {"int4 kernel": (4, 32), "int8 kernel": (8, int8.PER_CHANNEL), "dense bf16": None, "dense fp32": None}
+STORAGES = {"int4 kernel": (4, 32), "int8 kernel": (8, int8.PER_CHANNEL), "dense bf16": None, "dense fp32": None,
+            "int8 dynamic": None}
+# "int8 dynamic" is not a storage hfspec runs: fbgemm's dynamically quantised int8 linear (torch.ops.quantized, the
+# x86 engine: int8 weights with one scale per row as `int8`'s, each call's activations rounded to uint8 with one
+# scale), measured to see whether a level could be cheaper per node on VNNI (docs/trees.md says what it found).
 
 
 def shapes(folder) -> list[tuple[int, int]]:
@@ -52,6 +56,11 @@ def calls(storage: str, dims: list[tuple[int, int]]):
             out.append(lambda x, wb=wb: torch.nn.functional.linear(x.to(torch.bfloat16), wb).float())
         elif storage == "dense fp32":
             out.append(lambda x, w=w: torch.nn.functional.linear(x, w))
+        elif storage == "int8 dynamic":
+            scale = (w.abs().amax(dim=1) / 127).clamp_min(1e-8).double()
+            qw = torch.quantize_per_channel(w, scale, torch.zeros(n, dtype=torch.long), 0, torch.qint8)
+            packed = torch.ops.quantized.linear_prepack(qw, None)
+            out.append(lambda x, packed=packed: torch.ops.quantized.linear_dynamic(x, packed, False))
         else:
             out.append(LeanLinear(w, None, *STORAGES[storage]).matmul())
     return out
@@ -61,9 +70,14 @@ def main() -> None:
     p = parser(__doc__.splitlines()[0])
     p.set_defaults(models="smollm2-offgrid", repeats=15)
     p.add_argument("--rows", default="1,2,4,8,16")
-    p.add_argument("--storages", default=",".join(STORAGES))
+    p.add_argument("--storages", default=",".join(s for s in STORAGES if s != "int8 dynamic"),
+                   help=f"comma-separated, from: {', '.join(STORAGES)}")
     p.add_argument("--out", help="write OUT.md and OUT.json")
     args = p.parse_args()
+    storages = args.storages.split(",")
+    for storage in storages:
+        if storage not in STORAGES:
+            raise SystemExit(f"--storages: unknown {storage!r}; allowed: {', '.join(STORAGES)}")
     torch.set_num_threads(args.threads)
     widths = sorted({1, *(int(w) for w in args.rows.split(","))})
     lines = [f"{args.threads} threads, {args.repeats} interleaved rounds; a layer's matrices and the LM head, one call "
@@ -72,7 +86,7 @@ def main() -> None:
     rows = []
     for name, folder in model_folders(args).items():
         dims = shapes(folder)
-        for storage in args.storages.split(","):
+        for storage in storages:
             fns = calls(storage, dims)
             ops = {}
             for w in widths:

@@ -93,7 +93,7 @@ def calibrated_codes(model: nn.Module, bits: int, group_size: int, settings: Cal
         except Exception as why:  # noqa: BLE001 - a damaged entry (any reader error) is replaced, never used
             warnings.warn(f"calibration cache entry {path} is unusable ({why}); calibrating again", stacklevel=2)
     began = time.perf_counter()
-    with _prepacked(model, settings, say) as release:
+    with memory.kept_heap(), _prepacked(model, settings, say) as release:  # (many large temporaries: see kept_heap)
         free = memory.available_bytes()
         budget = CAPTURE_BYTES if free is None else max(0, free - CAPTURE_MARGIN)
         codes = calibrate(model, bits, group_size, settings, names, progress, budget, release)

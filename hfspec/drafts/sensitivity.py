@@ -26,6 +26,7 @@ from torch.nn import functional as F
 from hfspec import report
 from hfspec.drafts.rtn import DEFAULT_GROUP_SIZE, GROUP_SIZES, RTN_BITS
 from hfspec.errors import HfspecError, bad_value
+from hfspec.io import memory
 from hfspec.kernels.lean import HEAD_FLOAT_BELOW, HEAD_TOP, lean_reason
 from hfspec.quant import groupwise
 from hfspec.quant.calibrate import Coded, calibration_matrices, gptq_codes, hessians, self_samples
@@ -189,8 +190,9 @@ def _codes(target: nn.Module, names: list[str], bits: int, group_size: int, meth
             codes[name] = Coded(*groupwise.group_quantize(_weight(target.get_submodule(name)).detach(), bits,
                                                           group_size))
     else:
-        found = hessians(target, ids, unique, ROWS_PER_PASS)
-        codes = gptq_codes(target, found, unique, bits, group_size)
+        with memory.kept_heap():  # (GPTQ's many large temporaries: see kept_heap)
+            found = hessians(target, ids, unique, ROWS_PER_PASS)
+            codes = gptq_codes(target, found, unique, bits, group_size)
     return {name: codes[owner[id(target.get_submodule(name).weight)]] for name in names}
 
 

@@ -12,10 +12,12 @@ users who want a lower ceiling than the machine's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import struct
+import threading
 from pathlib import Path
 
 import torch
@@ -167,3 +169,58 @@ def check_draft_fits(target, bits: int, group_size: int, available: int | None =
             f"available; nothing was built; allowed: a 2-4-bit draft (4 bits a weight instead of 16 at 5-8 bits), a "
             f"prompt-lookup draft (no weights), or more free memory")
     return need
+
+
+# glibc's mallopt parameters (malloc.h) and their defaults
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
+_DEFAULT_TRIM_THRESHOLD, _DEFAULT_MMAP_MAX = 128 * 1024, 65536
+_KEEP_TRIM_THRESHOLD = 2**31 - 1
+_kept_lock = threading.Lock()
+_kept_depth = 0
+
+
+def _glibc():
+    """The C library through ctypes where it is glibc (it has mallopt and malloc_trim), else None."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        if not all(hasattr(libc, name) for name in ("gnu_get_libc_version", "mallopt", "malloc_trim")):
+            return None
+        libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+@contextlib.contextmanager
+def kept_heap():
+    """Memory freed inside the block stays in the process for the next allocation instead of going back to the
+    OS (glibc: no mmap for large blocks, no trimming of the heap's top); on leaving, the old rules come back and
+    what is free is returned (`malloc_trim`). Yields whether it could (False off glibc: nothing changes).
+
+    For work that allocates and frees large temporaries many times, such as a calibration's per-matrix Hessians,
+    factors and refit buffers: each fresh block is new pages the kernel must fault in, and where memory is
+    nearly full it must first reclaim others. At the 1.7B shape's layer (a 2-core EPYC VM with 23 GB, 3 December
+    2026) with 13 GB of the memory held elsewhere, a layer took 28-29 s with glibc's defaults and 23.6-24.5 s
+    with freed memory kept, as with nothing held (21-23 s)."""
+    libc = _glibc()
+    if libc is None:
+        yield False
+        return
+    global _kept_depth
+    with _kept_lock:  # nested or concurrent blocks (two drafts calibrating in threads): the first sets, the last restores
+        if _kept_depth == 0:
+            libc.mallopt(_M_MMAP_MAX, 0)
+            libc.mallopt(_M_TRIM_THRESHOLD, _KEEP_TRIM_THRESHOLD)
+        _kept_depth += 1
+    try:
+        yield True
+    finally:
+        with _kept_lock:
+            _kept_depth -= 1
+            if _kept_depth == 0:
+                libc.mallopt(_M_MMAP_MAX, _DEFAULT_MMAP_MAX)
+                libc.mallopt(_M_TRIM_THRESHOLD, _DEFAULT_TRIM_THRESHOLD)
+                libc.malloc_trim(0)
