@@ -1,7 +1,7 @@
-"""The README's results table: plain `generate` against hfspec on targets that were never on the draft's grid.
+"""The results table (docs/benchmarks.md, linked from the README's Results): plain `generate` against hfspec on targets that were never on the draft's grid.
 
     python benchmarks/bench_results.py                      # prints the table, writes results/<machine>-<date>-results.*
-    python benchmarks/bench_results.py --readme             # also replaces the table in README.md's Results section
+    python benchmarks/bench_results.py --docs               # also replaces the table in docs/benchmarks.md
 
 Targets: `micro` (the embedded model, trained in fp32) and `smollm2-offgrid` (SmolLM2-135M moved off the rtn4
 grid by benchmarks/offgrid.py); add `smollm2` to see the shipped, 4-bit-exact folder as a labelled best case.
@@ -24,7 +24,7 @@ from pathlib import Path
 import common
 import torch
 
-MARK = "<!-- results: filled by benchmarks/bench_results.py --readme (see docs/benchmarks.md) -->"
+MARK = "<!-- results: filled by benchmarks/bench_results.py --docs -->"
 LABELS = {"smollm2": "SmolLM2-135M as shipped (4-bit-exact for rtn4: a best case)",
           "smollm2-offgrid": "SmolLM2-135M off the grid", "micro": "micro (embedded, 1.8M)"}
 
@@ -41,7 +41,9 @@ def main() -> None:
     p.add_argument("--prompt", action="append", default=None,
                    help="a prompt (repeat the flag for several: round r of a row uses prompt r mod their number, "
                    "every method of the round the same; default: 'Once upon a time')")
-    p.add_argument("--readme", action="store_true", help="replace the table in README.md's Results section")
+    p.add_argument("--docs", "--readme", dest="docs", action="store_true",
+                   help="replace the results table in docs/benchmarks.md, which the README links (--readme: its old "
+                        "name, from when the table was in the README)")
     p.add_argument("--from-json", default=None, help="render the rows of an earlier run's JSON instead of measuring")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -49,7 +51,7 @@ def main() -> None:
     day = datetime.date.today().isoformat()
     header = (f"{common.machine_name()}, {day}, {args.threads} threads, {args.max_new_tokens} new tokens, "
               f"{_prompts(args.prompt)}, median of {args.repeats} interleaved rounds per row (load average at start "
-              f"{os.getloadavg()[0]:.2f}); `python benchmarks/bench_results.py --readme` regenerates it.")
+              f"{os.getloadavg()[0]:.2f}); `python benchmarks/bench_results.py --docs` regenerates it.")
     if args.from_json:
         data = json.loads(Path(args.from_json).read_text())
         if isinstance(data, list):  # rows alone: the header is the first line of the .md beside it
@@ -64,13 +66,13 @@ def main() -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.with_suffix(".md").write_text("\n".join(lines) + "\n")
         out.with_suffix(".json").write_text(json.dumps({"header": header, "rows": rows}, indent=1) + "\n")
-    if args.readme:
-        readme = Path(__file__).resolve().parents[1] / "README.md"
-        text = readme.read_text()
+    if args.docs:
+        page = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+        text = page.read_text()
         start = text.index(MARK) + len(MARK)
         end = text.index("\n## ", start)
         text = text[:start] + "\n\n" + "\n".join(lines) + "\n" + text[end:]
-        readme.write_text(re.sub(r"\n{3,}", "\n\n", text))
+        page.write_text(re.sub(r"\n{3,}", "\n\n", text))
 
 
 def render(header: str, rows: list[dict]) -> list[str]:

@@ -48,8 +48,9 @@ def test_readme_is_short_and_names_the_two_commands():
     text = README.read_text()
     assert len(text.splitlines()) <= README_MAX_LINES
     for needed in ("bash scripts/demo.sh", "bash scripts/test.sh", 'pytest -m "not slow"', "## Results",
-                   "<!-- results: filled by benchmarks/bench_results.py --readme (see docs/benchmarks.md) -->"):
+                   "docs/benchmarks.md#the-results-table"):
         assert needed in text, needed
+    assert "<!-- results: filled by benchmarks/bench_results.py --docs -->" in (ROOT / "docs" / "benchmarks.md").read_text()
 
 
 def test_every_fence_is_tagged_and_flush_left():
