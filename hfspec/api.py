@@ -12,6 +12,7 @@ import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from hfspec import validate
+from hfspec.attrs import FIDELITY, get_attr
 from hfspec.decoding.chain import Chain
 from hfspec.decoding.coupling import GumbelNoise
 from hfspec.decoding.early_exit import check_early_exit, with_early_exit
@@ -80,8 +81,8 @@ def speculative_generate(
     if request.plain:
         policy = FixedGamma(0)
     else:  # with a seed, γ "auto" must not read this run's timings: the text must depend on the seed alone
-        policy = (_policy(request.gamma, stats) if request.seed is None
-                  else _seeded_policy(request.gamma, stats, prices))
+        policy = (_policy(request.gamma, stats, request.draft) if request.seed is None
+                  else _seeded_policy(request.gamma, stats, prices, request.draft))
     job = DecodeJob(
         scorer=Scorer(logits_processor, sampling, validate.vocab_size(model)),
         stopper=Stopper(stopping_criteria, eos, generation_config.max_length),
@@ -200,11 +201,18 @@ def _generator(seed: int | None, device) -> torch.Generator | None:
     return None if seed is None else torch.Generator(device=device).manual_seed(int(seed))
 
 
-def _policy(gamma, stats: SpecStats) -> GammaPolicy:
+def _policy(gamma, stats: SpecStats, draft=None) -> GammaPolicy:
     """The γ policy of a run without a seed: γ "auto" reads the run's timings (robustly, see `hfspec.decoding.gamma`)."""
     if gamma == "auto":
-        return AdaptiveGamma(c_prior=stats.c_bytes, costs=stats.costs)
+        return AdaptiveGamma(c_prior=stats.c_bytes, costs=stats.costs, alpha_prior=_fidelity(draft))
     return FixedGamma(int(gamma))
+
+
+def _fidelity(draft) -> float | None:
+    """The draft's fidelity as `make_draft` measured it (`hfspec.attrs.FIDELITY`), the α prior of γ "auto"; None
+    when not measured (a sibling model you pass, prompt lookup)."""
+    value = get_attr(draft, FIDELITY) if draft is not None else None
+    return float(value) if isinstance(value, (int, float)) and 0.0 < value <= 1.0 else None
 
 
 @dataclass(frozen=True)
@@ -228,7 +236,7 @@ class _Prices:
         return draft_step_prior(stats.c_bytes, self.device, self.dtype, self.storage)
 
 
-def _seeded_policy(gamma, stats: SpecStats, prices: _Prices | None = None) -> GammaPolicy:
+def _seeded_policy(gamma, stats: SpecStats, prices: _Prices | None = None, draft=None) -> GammaPolicy:
     """The γ policy of a seeded run: γ "auto" is frozen, deciding from acceptance and a cost profile fixed before
     decoding (the bytes ratio and the verify pass's prior curve for this device, dtype and draft, `prior_model`),
     never from this run's timings, so the seed alone fixes the text on a quiet or a busy machine
@@ -236,7 +244,8 @@ def _seeded_policy(gamma, stats: SpecStats, prices: _Prices | None = None) -> Ga
     if gamma == "auto":
         prices = prices or _Prices(dtype=stats.target_dtype)
         c = prices.c(stats)
-        return AdaptiveGamma(c_prior=c, timed=False, profile=prior_model(c, prices.device, prices.dtype))
+        return AdaptiveGamma(c_prior=c, timed=False, profile=prior_model(c, prices.device, prices.dtype),
+                             alpha_prior=_fidelity(draft))
     return FixedGamma(int(gamma))
 
 

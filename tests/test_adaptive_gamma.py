@@ -2,6 +2,7 @@
 
 import random
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -207,11 +208,39 @@ def test_seeded_prior_prices_the_verify_pass_by_dtype():
     assert draft_step_prior(0.3, "cuda", "bfloat16") == 0.3
 
 
+
+def test_seeded_gamma_follows_alpha_smoothly_in_bf16():
+    """bf16's verify prior is a line up to 10 positions (its measured bumps lie inside their intervals), so a seeded
+    γ "auto" rises with α a step at a time: between α 0.80 and 0.92 no 0.01 of α moves γ by more than 1, and γ 4
+    and 5 are drafted on the way. Control: the measured points as they were (7 positions 1.15 below 6's 1.20) jump
+    from γ 3 to γ 6."""
+    from hfspec.decoding import priors
+
+    c = priors.draft_step_prior(0.312, "cpu", "bfloat16", "int4")  # gptq4-compiled on SmolLM2-135M
+
+    def choices():
+        model = priors.prior_model(c, "cpu", "bfloat16")
+        return [best_gamma(model, Acceptance(a / 100), 12)[0] for a in range(80, 93)]
+
+    smooth = choices()
+    assert all(0 <= b - a <= 1 for a, b in zip(smooth, smooth[1:], strict=False)), smooth
+    assert {4, 5} <= set(smooth)
+    measured = ((1, 1.0), (2, 1.03), (3, 1.07), (4, 1.10), (5, 1.16), (6, 1.20), (7, 1.15), (8, 1.18), (9, 1.21),
+                (10, 1.24), (16, 1.32), (24, 1.44), (32, 1.63))
+    saved = priors.VERIFY_CURVE_PRIOR[("cpu", "bfloat16")]
+    try:
+        priors.VERIFY_CURVE_PRIOR[("cpu", "bfloat16")] = measured
+        jumpy = choices()
+    finally:
+        priors.VERIFY_CURVE_PRIOR[("cpu", "bfloat16")] = saved
+    assert max(b - a for a, b in zip(jumpy, jumpy[1:], strict=False)) >= 3 and not {4, 5} & set(jumpy), jumpy
+
 def test_seeded_draft_step_prior_knows_the_drafts_kernel():
     """The draft step's prior is priced by the kernel holding most of its weights: a bf16 target's int4 step
     (gptq4-compiled: c 0.19–0.27 at bytes 0.312 on two days) is cheaper than its int8 one per byte. At α 0.85 the
-    int4 price drafts γ ≥ 5 in bf16; the single per-dtype factor it replaced (0.85) drafted γ 3 (the control),
-    where a fixed γ 5 ran 15 % faster."""
+    int4 price drafts γ ≥ 5 at α 0.88 in bf16; the single per-dtype factor it replaced (0.85) drafts γ 4 there
+    (the control; with the measured verify points before they became a line it drafted γ 3 at α 0.85, where a
+    fixed γ 5 ran 15 % faster)."""
     from hfspec.decoding.priors import DRAFT_STEP_PRIOR, draft_step_prior, prior_model
 
     c_bytes = 0.312
@@ -221,9 +250,9 @@ def test_seeded_draft_step_prior_knows_the_drafts_kernel():
     assert draft_step_prior(c_bytes, "cpu", "bfloat16", "bfloat16") == draft_step_prior(c_bytes, "cpu", "bfloat16")
     assert draft_step_prior(c_bytes, "cpu", "float32", "int4") == pytest.approx(0.97 * c_bytes)
     assert draft_step_prior(c_bytes, "cuda", "bfloat16", "int4") == c_bytes
-    alpha = Acceptance(0.85)
+    alpha = Acceptance(0.88)
     assert best_gamma(prior_model(int4, "cpu", "bfloat16"), alpha, 8)[0] >= 5
-    assert best_gamma(prior_model(0.85 * c_bytes, "cpu", "bfloat16"), alpha, 8)[0] <= 3
+    assert best_gamma(prior_model(0.85 * c_bytes, "cpu", "bfloat16"), alpha, 8)[0] <= 4
 
 
 def test_a_seeded_run_prices_its_draft_by_the_drafts_storage():
@@ -291,3 +320,30 @@ def test_a_burst_of_rejections_does_not_stop_drafting_while_the_run_accepts(time
     assert 0 not in dip, dip
     low = run([0.1] * 30)
     assert 0 in low, low
+
+
+def test_the_drafts_fidelity_is_the_alpha_prior():
+    """γ "auto" starts its α estimate from the draft's measured fidelity (`make_draft` records it), worth
+    `ALPHA_PRIOR_TOKENS` checked tokens, so one rejected first token does not take a good draft to γ 1. Control: the
+    weak prior (α 0.5 worth 2 tokens, what a draft without a measured fidelity gets) drops to γ ≤ 1 on that round."""
+    from hfspec import api
+    from hfspec.attrs import FIDELITY, get_attr
+    from hfspec.decoding.priors import prior_model
+    from hfspec.decoding.stats import SpecStats
+    from hfspec.io.loading import load_model
+
+    c = 0.23
+    kept = AdaptiveGamma(c_prior=c, timed=False, profile=prior_model(c, "cpu", "bfloat16"), alpha_prior=0.85)
+    weak = AdaptiveGamma(c_prior=c, timed=False, profile=prior_model(c, "cpu", "bfloat16"))
+    assert kept.alpha == pytest.approx(0.85) and weak.alpha == pytest.approx(0.5)
+    for policy in (kept, weak):
+        policy.update(4, 0, 1, 0.0, 0.0)  # the first round: its first token rejected
+    assert kept.next() >= 3 and weak.next() <= 1
+    target = load_model(Path(__file__).resolve().parents[1] / "presets" / "models" / "micro", progress=False)
+    draft = hfspec.make_draft(target, "rtn4")
+    measured = get_attr(draft, FIDELITY)
+    assert 0.5 < measured <= 1.0
+    stats = SpecStats(target_dtype="float32")
+    assert api._seeded_policy("auto", stats, draft=draft).alpha == pytest.approx(measured)
+    assert api._policy("auto", stats, draft).alpha == pytest.approx(measured)
+    assert api._seeded_policy("auto", stats, draft=target).alpha == pytest.approx(0.5)  # (no fidelity recorded)

@@ -193,7 +193,7 @@ def test_auto_gamma_keeps_proposing_when_lookup_finds_no_match_for_a_round(monke
             super().update(gamma, *rest)
 
     spies = []
-    monkeypatch.setattr(hfspec.api, "_policy", lambda gamma, stats: spies.append(Spy(c_prior=stats.c_bytes)) or spies[-1])
+    monkeypatch.setattr(hfspec.api, "_policy", lambda gamma, stats, *_: spies.append(Spy(c_prior=stats.c_bytes)) or spies[-1])
     target = build("llama", init=0.2)
     prompt = torch.tensor([[0] + [5, 6, 7, 8] * 6 + [9]])  # repetitive, but its last token never occurred before
     out = hfspec.generate(target, prompt, draft=hfspec.make_draft(target, "lookup"), gamma="auto", temperature=0,
@@ -234,7 +234,7 @@ def test_a_round_the_length_budget_cuts_to_no_draft_is_not_taught_to_the_gamma_p
             self.told.append(gamma)
 
     spies = []
-    monkeypatch.setattr(hfspec.api, "_policy", lambda gamma, stats: spies.append(Spy(4)) or spies[-1])
+    monkeypatch.setattr(hfspec.api, "_policy", lambda gamma, stats, *_: spies.append(Spy(4)) or spies[-1])
     target = build("llama", init=0.2)
     draft = hfspec.make_draft(target, "rtn8")  # (close to the target: most rounds keep all four)
     prompt = torch.tensor([[0, 5, 17, 33]])
