@@ -330,12 +330,16 @@ def test_the_drafts_fidelity_is_the_alpha_prior():
     from hfspec.attrs import FIDELITY, get_attr
     from hfspec.decoding.priors import prior_model
     from hfspec.decoding.stats import SpecStats
+    from hfspec.errors import HfspecError
     from hfspec.io.loading import load_model
 
     c = 0.23
     kept = AdaptiveGamma(c_prior=c, timed=False, profile=prior_model(c, "cpu", "bfloat16"), alpha_prior=0.85)
     weak = AdaptiveGamma(c_prior=c, timed=False, profile=prior_model(c, "cpu", "bfloat16"))
     assert kept.alpha == pytest.approx(0.85) and weak.alpha == pytest.approx(0.5)
+    for wrong in (0.0, 1.5, float("nan")):  # a prior that is not a fidelity is refused, not silently dropped
+        with pytest.raises(HfspecError, match="alpha_prior"):
+            AdaptiveGamma(alpha_prior=wrong)
     for policy in (kept, weak):
         policy.update(4, 0, 1, 0.0, 0.0)  # the first round: its first token rejected
     assert kept.next() >= 3 and weak.next() <= 1

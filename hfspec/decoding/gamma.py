@@ -27,6 +27,7 @@ from typing import Protocol, runtime_checkable
 from hfspec.decoding.costmodel import Acceptance, CostModel, CostRecord, best_gamma
 from hfspec.decoding.stats import optimal_gamma, paper_speedup
 from hfspec.drafts.base import Decide
+from hfspec.errors import bad_value
 from hfspec.validate import AUTO_GAMMA_MAX
 
 DEFAULT_C = 0.2  # c when nothing better is known (e.g. a draft with no weights, like prompt lookup)
@@ -116,9 +117,10 @@ class AdaptiveGamma(GammaPolicy):
         self.decay = decay
         self.probe_every = probe_every
         self.label = "auto"
-        known = alpha_prior is not None and 0.0 < alpha_prior <= 1.0
-        self._accepted, self._checked = ((alpha_prior * ALPHA_PRIOR_TOKENS, ALPHA_PRIOR_TOKENS) if known
-                                         else (1.0, 2.0))
+        if alpha_prior is not None and not 0.0 < alpha_prior <= 1.0:  # (also NaN)
+            raise bad_value("alpha_prior", alpha_prior, "a number in (0, 1] (a draft's measured fidelity) or None")
+        self._accepted, self._checked = ((alpha_prior * ALPHA_PRIOR_TOKENS, ALPHA_PRIOR_TOKENS)
+                                         if alpha_prior is not None else (1.0, 2.0))
         self._run_accepted, self._run_checked = 0, 0  # the whole run's counts, not decayed
         self._prior = c_prior if c_prior > 0 else DEFAULT_C
         self._ratios: deque[float] = deque(maxlen=window)
