@@ -83,6 +83,26 @@ def test_compiled_draft_decodes_the_targets_greedy_text(own_cache):
     assert spec.stats.alpha > 0.5  # the compiled draft is a close proposal, not just an exact one
 
 
+def test_the_compile_check_allows_bf16_rounding_and_refuses_a_wrong_step():
+    torch.manual_seed(0)
+    want = (torch.randn(1, 1, 4096) * 12).to(torch.bfloat16).float()  # logits as a bf16 kernel returns them
+    # the same sums in another order: about one entry in fifteen one bf16 step away (as measured on an AVX2 CPU)
+    nudged = want.clone()
+    step = torch.finfo(torch.bfloat16).eps * 2.0 ** torch.floor(torch.log2(want.abs().clamp_min(1e-30)))
+    moved = torch.rand(want.shape) < 1 / 15
+    nudged[moved] += step[moved]
+    assert float((nudged - want).abs().max()) >= 0.06  # over the old absolute 1e-3 by far
+    assert compiled.step_difference(nudged, want) == ""
+    # negative controls: a step that is wrong by 5 % anywhere, a swapped pair of logits, another shape
+    wrong = want.clone()
+    wrong[0, 0, 7] *= 1.05
+    assert "differs from the eager step" in compiled.step_difference(wrong, want)
+    swapped = want.clone()
+    swapped[0, 0, [1, 2]] = want[0, 0, [2, 1]] + 1.0
+    assert compiled.step_difference(swapped, want)
+    assert "shape" in compiled.step_difference(want[..., :10], want)
+
+
 def test_a_failed_compile_keeps_the_eager_step_and_says_why(own_cache, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("no C++ compiler")
