@@ -7,7 +7,8 @@ Targets: `micro` (the embedded model, trained in fp32) and `smollm2-offgrid` (Sm
 grid by benchmarks/offgrid.py); add `smollm2` to see the shipped, 4-bit-exact folder as a labelled best case.
 Each row is one (target, dtype, T, draft, γ) against plain generate, timed by the ruler (common.against_plain:
 interleaved rounds, a warm-up round not counted, the median of per-round ratios with its interval, outliers
-re-measured, a stability verdict). α and tokens per pass are pooled over the kept rounds. "vs chain": a γ "auto"
+re-measured, a stability verdict; with several prompts, outliers and intervals are judged within each prompt
+and the figure is the geometric mean of the prompts' medians, their range shown in the verdict). α and tokens per pass are pooled over the kept rounds. "vs chain": a γ "auto"
 row's tokens/s over its draft's fastest fixed-γ row, a tree row's over its draft's chain at the same γ, as the
 median of per-round ratios (both ran in every round: rows compared this way share the rounds' drift, which a
 comparison of two "vs plain" columns does not cancel). T = 1 is pure sampling (top-k 0, top-p 1). Drafts are built (and calibrated, compiled) before timing; their build is not in the figures.
@@ -81,7 +82,9 @@ def render(header: str, rows: list[dict]) -> list[str]:
              "interval | vs chain | verdict |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     notes: list[str] = []
     for r in rows:
-        verdict = r["flags"] or f"{'stable' if r['stable'] else 'unstable'} ({r['pairs']} pairs)"
+        spread = (f"; prompts {min(r['vs_plain_by_prompt']):.2f}–{max(r['vs_plain_by_prompt']):.2f}×"
+                  if r.get("vs_plain_by_prompt") else "")
+        verdict = r["flags"] or f"{'stable' if r['stable'] else 'unstable'} ({r['pairs']} pairs{spread})"
         if r.get("warnings") and r["warnings"] not in notes:
             notes.append(r["warnings"])
         if r.get("warnings"):
@@ -121,7 +124,6 @@ def measure(args) -> list[dict]:
                     row = {"target": name, "dtype": dtype, "temperature": temperature, "draft": spec,
                            "gamma": gamma if tree is None else f"tree {tree}", **chain_pair(result, runs, spec, gamma,
                                                                                            tree), **r}
-                    row.pop("round_rates", None)
                     rows.append(row)
                     print(render("", [row])[4], flush=True)  # the row itself
     return rows

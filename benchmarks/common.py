@@ -72,10 +72,11 @@ def prompt_ids(tokenizer, text: str = "Once upon a time"):
     return tokenizer(text, return_tensors="pt").input_ids
 
 
-def timed_rounds(runs: dict, repeats: int, seed: int, warmup: int = 1, baseline: str = "plain"):
+def timed_rounds(runs: dict, repeats: int, seed: int, warmup: int = 1, baseline: str = "plain", strata=None):
     """The one timing loop of the benchmarks: `hfspec.measure.interleaved` over `runs` ({name: fn()}, each making
     the same fixed number of tokens), rotating order per round, `warmup` rounds first and not counted, outliers
-    re-measured; each call seeded with seed + round. Returns the `hfspec.measure.Timings`
+    re-measured; each call seeded with seed + round; `strata(round)`: the round's prompt where rounds take several in
+    turn (outliers and intervals judged within prompts). Returns the `hfspec.measure.Timings`
     (`.ratio(name)`: median per-round ratio over `baseline`, interval, rates; `.verdict()`)."""
     import torch
 
@@ -87,7 +88,8 @@ def timed_rounds(runs: dict, repeats: int, seed: int, warmup: int = 1, baseline:
             return fn(r)
         return run
 
-    return interleaved({name: seeded(fn) for name, fn in runs.items()}, baseline, repeats, warmup=warmup)
+    return interleaved({name: seeded(fn) for name, fn in runs.items()}, baseline, repeats, warmup=warmup,
+                       strata=strata)
 
 
 def ruler_columns(timings, name: str, baseline_stats=None) -> dict:
@@ -102,7 +104,13 @@ def ruler_columns(timings, name: str, baseline_stats=None) -> dict:
     pooled = None
     for s in stats:
         pooled = s if pooled is None else pooled.merge(s)
-    return {"vs_plain": r.median, "vs_plain_low": r.low, "vs_plain_high": r.high, "pairs": timings.pairs,
+    by_prompt = {}
+    if timings.kept_strata and len(set(timings.kept_strata)) > 1:
+        from hfspec.measure.stability import strata_medians
+
+        ratios = [a / b if b else 0.0 for a, b in zip(r.rates, r.baseline_rates, strict=True)]
+        by_prompt = {"vs_plain_by_prompt": [m for _, m in sorted(strata_medians(ratios, timings.kept_strata).items())]}
+    return {**by_prompt, "vs_plain": r.median, "vs_plain_low": r.low, "vs_plain_high": r.high, "pairs": timings.pairs,
             "outliers": timings.outliers, "stable": stable, "warnings": "; ".join(warnings),
             "flags": "; ".join(implausible(r.median, pooled, baseline_stats)),
             "tok_s": r.tokens_per_second, "plain_tok_s": r.baseline_tokens_per_second}
@@ -141,7 +149,7 @@ def against_plain(target, ids, runs: dict, temperature: float, tokens: int, repe
 
     # both sides by the wall clock (plain HF generate has no stats of its own)
     timings = timed_rounds({"plain": wall(plain, tokens), **{key: wall(speculative(key), tokens) for key in runs}},
-                           repeats, seed)
+                           repeats, seed, strata=(lambda r: r % len(prompts)) if len(prompts) > 1 else None)
     out = {}
     for key in runs:
         st = [k[key].out.stats for k in timings.kept]
@@ -150,14 +158,24 @@ def against_plain(target, ids, runs: dict, temperature: float, tokens: int, repe
                     "draft_ms_per_forward": statistics.median(s.time_draft / max(1, s.draft_forwards)
                                                               for s in st) * 1e3,
                     "round_rates": [k[key].rate for k in timings.kept],  # tokens/s per kept round, for pairing
+                    "round_strata": timings.kept_strata,  # each kept round's prompt (None: one prompt)
+                    "plain_round_rates": [k["plain"].rate for k in timings.kept],
                     **ruler_columns(timings, key)}
     return out
 
 
 def paired(a: dict, b: dict) -> Interval:
     """Two `against_plain` results of one call, a over b: the per-round ratio of their tokens/s (both ran in every
-    round, so the machine's drift between rounds cancels), median and interval."""
-    return Interval.of(x / y for x, y in zip(a["round_rates"], b["round_rates"], strict=True) if y > 0)
+    round, so the machine's drift between rounds cancels), median and interval; over several prompts, judged within
+    prompts (`hfspec.measure.stability.stratified_median`)."""
+    from hfspec.measure.stability import stratified_median
+
+    pairs = [(x / y, s) for x, y, s in zip(a["round_rates"], b["round_rates"], a.get("round_strata") or
+                                            [None] * len(a["round_rates"]), strict=True) if y > 0]
+    if not pairs:
+        return Interval.of([])
+    figure, low, high, _ = stratified_median([v for v, _ in pairs], [s for _, s in pairs])
+    return Interval(figure, low, high)
 
 
 # ------------------------------------------------------------------------------------------------ clocks

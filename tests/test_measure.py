@@ -101,6 +101,40 @@ def test_mad_outliers_on_a_log_scale():
     assert outliers([1.50, 1.51, 1.90]) == [False, False, True]
 
 
+def _prompt_rounds(levels, n, seed, spoiled=()):
+    """interleaved() runs for rounds taking len(levels) prompts in turn: plain at 2 s, spec at 2 s / the prompt's
+    speed-up, each ±2 %; a round in `spoiled` has its spec run 10× slower."""
+    spec = [2.0 / levels[i % len(levels)] * (10 if i in spoiled else 1) for i in range(n)]
+    return {"spec": _series([x * f for x, f in zip(spec, _noisy(n, 1.0, 0.02, seed), strict=True)]),
+            "plain": _series(_noisy(n, 2.0, 0.02, seed + 1))}
+
+
+def test_rounds_over_several_prompts_are_judged_within_each_prompt():
+    from hfspec.measure import interleaved
+    from hfspec.measure.stability import stratified_median, within_strata
+
+    levels = [1.5, 1.8, 2.4, 1.6]  # four prompts that really differ in speed-up
+    t = interleaved(_prompt_rounds(levels, 40, 11), "plain", 12, machine=quiet, strata=lambda i: i % 4)
+    r = t.ratio("spec")
+    stable, warnings = t.verdict()
+    assert t.outliers == 0 and stable and not warnings
+    geo = (1.5 * 1.8 * 2.4 * 1.6) ** 0.25
+    assert r.median == pytest.approx(geo, rel=0.03) and r.low < geo < r.high and r.width < 0.1
+    # the negative control: the same rounds as one stratum read the prompts' spread as noise and as outliers
+    blind = interleaved(_prompt_rounds(levels, 40, 11), "plain", 12, machine=quiet)
+    assert not blind.verdict()[0] and blind.ratio("spec").width > 0.3
+    # a round spoiled by the machine is still an outlier within its prompt, and re-measured
+    spoiled = interleaved(_prompt_rounds(levels, 40, 11, spoiled={5}), "plain", 12, machine=quiet,
+                          strata=lambda i: i % 4)
+    assert spoiled.outlier[5] and spoiled.outliers == 1 and spoiled.pairs == 12
+    # the statistics themselves: one stratum is the plain median interval; a lone value says nothing of noise
+    assert stratified_median([1.0, 2.0, 3.0], None) == (2.0, *median_interval([1.0, 2.0, 3.0]))
+    assert within_strata([2.0, 4.0, 3.0], ["a", "a", "b"])[2] == 1.0
+    # two values of a stratum: their spread about its median, widened by √2 (each pulled the median its way)
+    assert within_strata([2.0, 4.0, 3.0, 3.0], ["a", "a", "b", "b"]) == pytest.approx(
+        [2 ** (-0.5 * 2 ** 0.5), 2 ** (0.5 * 2 ** 0.5), 1.0, 1.0])
+
+
 def test_a_quiet_sequence_is_stable():
     spec, plain = _noisy(12, 1.0, 0.03, 1), _noisy(12, 2.0, 0.03, 2)
     m = measure_speedup(_series(spec), _series(plain), pairs=9, machine=quiet)

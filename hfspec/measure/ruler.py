@@ -25,6 +25,7 @@ The rule (docs/measurement.md):
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import statistics
@@ -43,8 +44,9 @@ from hfspec.measure.stability import (
     _load_avg,
     machine_causes,
     machine_state,
-    median_interval,
     outliers,
+    stratified_median,
+    within_strata,
 )
 
 ROUGH_BELOW = 3  # pairs: a measurement from fewer is shown as rough
@@ -107,10 +109,15 @@ class Timings:
     after: MachineState | None = None
     budget_s: float | None = None
     ran_out: bool = False       # the budget ended re-measuring with outliers left
+    strata: list = field(default_factory=list)  # each round's stratum (its prompt), where rounds take several
 
     @property
     def kept(self) -> list[dict[str, Sample]]:
         return [r for r, bad in zip(self.rounds, self.outlier, strict=True) if not bad]
+
+    @property
+    def kept_strata(self) -> list | None:
+        return [s for s, bad in zip(self.strata, self.outlier, strict=True) if not bad] if self.strata else None
 
     @property
     def pairs(self) -> int:
@@ -127,8 +134,8 @@ class Timings:
         ratios = [a / b if b else 0.0 for a, b in zip(rates, base, strict=True)]
         if not ratios:
             return Ratio(0.0, 0.0, 0.0, 0.0, None, [], [])
-        low, high, coverage = median_interval(ratios)
-        return Ratio(statistics.median(ratios), low, high, coverage,
+        figure, low, high, coverage = stratified_median(ratios, self.kept_strata)
+        return Ratio(figure, low, high, coverage,
                      statistics.stdev(ratios) if len(ratios) > 1 else None, rates, base)
 
     def verdict(self) -> tuple[bool, list[str]]:
@@ -158,13 +165,16 @@ class Timings:
 
 def interleaved(runs: dict[str, Callable[[int], object]], baseline: str, rounds: int, warmup: int = 0,
                 budget_s: float | None = None, on_round: Callable[[int], None] | None = None,
-                remeasure: bool = True, machine: Callable[[], MachineState] | None = machine_state) -> Timings | None:
+                remeasure: bool = True, machine: Callable[[], MachineState] | None = machine_state,
+                strata: Callable[[int], object] | None = None) -> Timings | None:
     """Time `runs` ({name: fn(run number) -> SpecStats | Sample | anything}) in interleaved rounds: `warmup` rounds
     first (not counted), then up to `rounds` rounds, then a replacement round for each outlier while the budget
     and `rounds` extra rounds allow. A SpecStats is timed by its own clock (`time_total`, `new_tokens`), a Sample
     as given, anything else by the wall clock (one token). No new round starts once `budget_s` seconds have
     passed since the counted rounds began (one round at least). None when the first round was stopped (a fn
-    returned None or stopped stats); a later stop keeps the rounds finished so far."""
+    returned None or stopped stats); a later stop keeps the rounds finished so far. `strata(run number)`: the
+    round's stratum where rounds take several prompts in turn; outliers and the interval are then judged within
+    strata and the figure is the geometric mean of the strata's medians (`stability.stratified_median`)."""
     names = list(runs)
     for i in range(warmup):
         if _round(runs, names, i) is None:
@@ -184,6 +194,8 @@ def interleaved(runs: dict[str, Callable[[int], object]], baseline: str, rounds:
         if got is None:
             return False
         timings.rounds.append(got)
+        if strata is not None:
+            timings.strata.append(strata(i))
         return True
 
     i, stopped = 0, False
@@ -237,11 +249,9 @@ def _outliers(t: Timings) -> list[bool]:
     series = [[r[n].seconds / max(1, r[n].tokens) for r in t.rounds] for n in t.names]
     series += [[r[n].rate / r[t.baseline].rate if r[t.baseline].rate else 0.0 for r in t.rounds]
                for n in t.names if n != t.baseline]
-    for values in series:
-        flags = [a or b for a, b in zip(flags, outliers(values), strict=True)]
+    for values in series:  # judged within strata: a prompt that decodes faster is not an outlier
+        flags = [a or b for a, b in zip(flags, outliers(within_strata(values, t.strata or None)), strict=True)]
     return flags
-
-
 
 
 # ------------------------------------------------------------------------------------------------ speed-up
@@ -381,10 +391,7 @@ def from_timings(timings: Timings, segment: str = "", name: str = "spec") -> Mea
 
 
 def _pool(runs: list[SpecStats]) -> SpecStats:
-    pooled = runs[0]
-    for s in runs[1:]:
-        pooled = pooled.merge(s)
-    return pooled
+    return functools.reduce(SpecStats.merge, runs)
 
 
 def _max_load(t: Timings) -> float | None:

@@ -102,6 +102,63 @@ def outliers(values: Sequence[float], z: float = OUTLIER_Z) -> list[bool]:
     return [not math.isfinite(x) or abs(0.6745 * (x - mid) / mad) > z for x in logs]
 
 
+def within_strata(values: Sequence[float], strata: Sequence | None) -> list[float]:
+    """Each positive value over its stratum's median (the rounds of one prompt, when the rounds take several in
+    turn): what is left of it once the strata's own levels are taken out, on a log scale widened by √(n/(n − 1))
+    for a stratum of n values (a value pulls its own stratum's median towards it). A stratum of one value says
+    nothing of the noise: 1.0. No strata, or one: each value over the median of all."""
+    if not values:
+        return []
+    keys = list(strata) if strata is not None else [0] * len(values)
+    groups: dict = {}
+    for key, v in zip(keys, values, strict=True):
+        groups.setdefault(key, []).append(math.log(v) if v > 0 else -math.inf)
+    centre = {key: statistics.median(logs) for key, logs in groups.items()}
+    widen = {key: math.sqrt(len(logs) / (len(logs) - 1)) if len(logs) > 1 else 0.0 for key, logs in groups.items()}
+    if len(groups) == 1:
+        widen = dict.fromkeys(groups, 1.0)  # the plain median of all: nothing to correct
+    out = []
+    for key, v in zip(keys, values, strict=True):
+        if v <= 0 or not math.isfinite(centre[key]):
+            out.append(v if v > 0 else 0.0)
+            continue
+        out.append(math.exp((math.log(v) - centre[key]) * widen[key]))
+    return out
+
+
+def stratified_median(values: Sequence[float], strata: Sequence | None,
+                      level: float = LEVEL) -> tuple[float, float, float, float]:
+    """(figure, low, high, coverage) of positive per-round values taken over fixed strata (the prompts): the
+    figure is the geometric mean of the strata's medians (every prompt counts alike, however many rounds it got),
+    the interval the noise around it (`median_interval` of `within_strata`), not the strata's own spread, which is
+    not uncertainty when the strata are fixed. With no strata, or one, exactly `median_interval` of the values."""
+    keys = list(strata) if strata is not None else []
+    if len(set(keys)) <= 1:
+        low, high, coverage = median_interval(values, level)
+        return (statistics.median(values) if values else math.nan), low, high, coverage
+    groups: dict = {}
+    for key, v in zip(keys, values, strict=True):
+        groups.setdefault(key, []).append(v)
+    medians = [statistics.median(vs) for vs in groups.values()]
+    if any(m <= 0 for m in medians):
+        figure = statistics.median(values)
+    else:
+        figure = math.exp(sum(math.log(m) for m in medians) / len(medians))
+    informative = [f for f, key in zip(within_strata(values, keys), keys, strict=True) if keys.count(key) > 1]
+    if not informative:
+        return figure, figure, figure, 0.0
+    low, high, coverage = median_interval(informative, level)
+    return figure, figure * low, figure * high, coverage
+
+
+def strata_medians(values: Sequence[float], strata: Sequence) -> dict:
+    """{stratum: the median of its values}, in first-seen order."""
+    groups: dict = {}
+    for key, v in zip(strata, values, strict=True):
+        groups.setdefault(key, []).append(v)
+    return {key: statistics.median(vs) for key, vs in groups.items()}
+
+
 def _load_avg() -> float | None:
     try:
         return os.getloadavg()[0]
