@@ -58,13 +58,28 @@ def test_pack_round_trip_and_exact_bytes(bits, cols):
     assert torch.equal(unpack_rows(packed[rows], bits, cols), q[rows])
 
 
-def test_int4_cpu_layout_round_trip():
+@pytest.mark.parametrize("block", [64, 32, None])  # AVX-512's layout, AVX2's, this CPU's
+def test_int4_cpu_layout_round_trip(block):
     q = torch.randint(0, 16, (128, 96), dtype=torch.uint8)
-    packed = pack_int4_cpu(q)
+    packed = pack_int4_cpu(q, block)
     assert packed.shape == (128, 48)
-    assert torch.equal(unpack_int4_cpu(packed, 96), q)
-    rows = torch.tensor([127, 0, 33, 64])
-    assert torch.equal(unpack_int4_cpu(packed, 96, rows), q[rows])
+    assert torch.equal(unpack_int4_cpu(packed, 96, block=block), q)
+    rows = torch.tensor([127, 0, 33, 64, 17])
+    assert torch.equal(unpack_int4_cpu(packed, 96, rows, block=block), q[rows])
+    if block:  # the two layouts differ: reading one as the other is wrong (the control)
+        assert not torch.equal(unpack_int4_cpu(packed, 96, block=96 - block), q)
+
+
+def test_the_int4_layout_is_torchs_on_this_cpu():
+    from hfspec.quant.packing import int4_block
+
+    block = int4_block()
+    if not hasattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu"):
+        assert block == 0
+        return
+    q = torch.randint(0, 16, (128, 64), dtype=torch.int32)
+    assert block in (64, 32) and int4_cpu_kernel_ok()
+    assert torch.equal(torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1), pack_int4_cpu(q.to(torch.uint8)))
 
 
 @pytest.mark.skipif(not int4_cpu_kernel_ok(), reason="torch has no CPU int4 kernel with the known layout")

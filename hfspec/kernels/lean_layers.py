@@ -172,7 +172,9 @@ def _int4_rows(packed: torch.Tensor, sz: torch.Tensor, group_size: int, start: i
     """Rows [start, end) (start a multiple of 64) of the int4 kernel's weight as bf16, computed as the kernel
     computes it: (code − 8) · scale + (zero + 8 · scale), both bf16 (`LeanLinear`'s `scales_and_zeros`)."""
     k = packed.shape[1] * 2
-    tiles = packed.view(-1, k, 32)[start // 64:-(-end // 64)]  # [T, K, 32]: rows t·64 + r (low), + 32 (high)
+    block = packing.int4_block() or 64  # 64 rows a block with AVX-512, 32 with AVX2 (both divide `start`)
+    # [T, K, B/2]: rows t·B + r (low nibble), + B/2 (high)
+    tiles = packed.view(-1, k, block // 2)[start // block:-(-end // block)]
     codes = torch.stack([tiles & 0x0F, tiles >> 4], 1).transpose(2, 3).reshape(-1, k)[:end - start]
     part = sz[:, start:end].float()  # [G, R, 2]
     scale, offset = part[..., 0].t()[..., None], part[..., 1].t()[..., None]  # [R, G, 1]

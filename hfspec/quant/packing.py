@@ -4,8 +4,10 @@
 (little-endian: code j sits at bit B*j). A row of K codes takes ceil(K / 8) * B bytes (exact when K % 8 == 0).
 
 `int4_cpu` layout: what `torch.ops.aten._convert_weight_to_int4pack_for_cpu` produces for N % 64 == 0 (checked
-against torch at run time by `int4_cpu_kernel_ok`): [N/64, K, 32] bytes, the low nibble holding row 64b + j and the
-high nibble row 64b + 32 + j. Same byte count as `rows` for 4 bits; lets embedding rows be read from it.
+against torch at run time by `int4_block`): blocks of B rows, [N/B, K, B/2] bytes, the low nibble holding row Bb + j
+and the high nibble row Bb + B/2 + j, with B = 64 on an AVX-512 CPU and 32 on an AVX2 one (an AVX2 CPU had fallen
+back to a bf16 copy of every 4-bit draft: four times the bytes). Same byte count as `rows` for 4 bits; lets
+embedding rows be read from it.
 """
 
 from __future__ import annotations
@@ -54,34 +56,54 @@ def unpack_rows(packed: torch.Tensor, bits: int, in_features: int) -> torch.Tens
     return codes.view(rows, -1)[:, :in_features].to(torch.uint8)
 
 
-def pack_int4_cpu(q: torch.Tensor) -> torch.Tensor:
-    """codes uint8 [N, K] (N % 64 == 0, K even) -> the CPU int4 kernel's packed weight [N, K/2]."""
+def pack_int4_cpu(q: torch.Tensor, block: int | None = None) -> torch.Tensor:
+    """codes uint8 [N, K] (N % 64 == 0, K even) -> the CPU int4 kernel's packed weight [N, K/2] (`block`: rows per
+    block of the layout, default this CPU's, `int4_block`)."""
     n, k = q.shape
-    v = q.view(n // 64, 2, 32, k)
-    packed = v[:, 0] | (v[:, 1] << 4)  # [N/64, 32, K]
+    block = block or int4_block() or 64
+    v = q.view(n // block, 2, block // 2, k)
+    packed = v[:, 0] | (v[:, 1] << 4)  # [N/block, block/2, K]
     return packed.permute(0, 2, 1).contiguous().view(n, k // 2)
 
 
-def unpack_int4_cpu(packed: torch.Tensor, in_features: int, rows: torch.Tensor | None = None) -> torch.Tensor:
+def unpack_int4_cpu(packed: torch.Tensor, in_features: int, rows: torch.Tensor | None = None,
+                    block: int | None = None) -> torch.Tensor:
     """The CPU int4 kernel's packed weight -> codes uint8 [R, K] for `rows` (all rows when None)."""
     n = packed.shape[0]
-    blocks = packed.view(n // 64, in_features, 32)
+    block = block or int4_block() or 64
+    half = block // 2
+    blocks = packed.view(n // block, in_features, half)
     if rows is None:
         rows = torch.arange(n, device=packed.device)
-    j = rows % 64
-    picked = blocks[rows // 64, :, j % 32]  # [R, K]
-    return (picked >> (4 * (j // 32)).to(torch.uint8).unsqueeze(-1)) & 0x0F
+    j = rows % block
+    picked = blocks[rows // block, :, j % half]  # [R, K]
+    return (picked >> (4 * (j // half)).to(torch.uint8).unsqueeze(-1)) & 0x0F
+
+
+@functools.lru_cache(maxsize=1)
+def int4_block() -> int:
+    """Rows per block of torch's CPU int4 layout on this CPU: 64 with AVX-512, 32 with AVX2 (found by packing a probe
+    with `_convert_weight_to_int4pack_for_cpu`); 0 when torch has no such kernel or neither layout matches."""
+    try:
+        convert = torch.ops.aten._convert_weight_to_int4pack_for_cpu
+        q = torch.randint(0, 16, (128, 64), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
+        reference = convert(q, 1)
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return 0
+    for block in (64, 32):
+        if torch.equal(reference, pack_int4_cpu(q.to(torch.uint8), block)):
+            return block
+    return 0
 
 
 @functools.lru_cache(maxsize=1)
 def int4_cpu_kernel_ok() -> bool:
     """True when torch has the CPU int4 kernel and its packing equals `pack_int4_cpu` (checked once)."""
     try:
-        convert = torch.ops.aten._convert_weight_to_int4pack_for_cpu
         matmul = torch.ops.aten._weight_int4pack_mm_for_cpu
         gen = torch.Generator().manual_seed(0)
         q = torch.randint(0, 16, (128, 64), dtype=torch.int32, generator=gen)
-        if not torch.equal(convert(q, 1), pack_int4_cpu(q.to(torch.uint8))):
+        if not int4_block():
             return False
         sz = torch.ones(2, 128, 2, dtype=torch.bfloat16)  # w = (q - 8) * 1 + 1
         y = matmul(torch.eye(64, dtype=torch.bfloat16), pack_int4_cpu(q.to(torch.uint8)), 32, sz)
