@@ -353,7 +353,8 @@ def interval_cell(row: dict, key: str = "vs_plain", fmt: str = ".2f") -> str:
 
 
 def machine_name() -> str:
-    """A short CPU model string and the core count, for results file names: e.g. "xeon-8480-16c"."""
+    """A short CPU model string, the vector ISA where it is not AVX-512 (a VM's "AMD EPYC" may be either), and the
+    core count, for results file names: e.g. "xeon-8480-16c", "epyc-avx2-2c"."""
     import os
     import platform
     import re
@@ -369,7 +370,11 @@ def machine_name() -> str:
         pass
     model = re.sub(r"\((R|TM|tm|r)\)|CPU|Processor|@.*|\d+-Core", " ", model)
     words = [w.lower() for w in re.findall(r"[A-Za-z0-9]+", model) if w.lower() not in ("intel", "amd", "core")]
-    return "-".join(words[:3] or ["cpu"]) + f"-{os.cpu_count() or 1}c"
+    import torch
+
+    isa = torch.backends.cpu.get_cpu_capability().lower()
+    words = (words[:3] or ["cpu"]) + ([isa.replace(" ", "")] if isa and not isa.startswith("avx512") else [])
+    return "-".join(words) + f"-{os.cpu_count() or 1}c"
 
 
 def write_results(out: str | None, lines: list[str], rows: list[dict]) -> None:

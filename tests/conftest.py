@@ -4,6 +4,8 @@ from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# seeded γ / tree choices read priors measured per CPU kind: pin the kind, so a test decides alike on any CPU
+os.environ.setdefault("HFSPEC_CPU_KIND", "avx512")
 sys.path.insert(0, str(Path(__file__).parent))
 
 import pytest  # noqa: E402

@@ -351,3 +351,31 @@ def test_the_drafts_fidelity_is_the_alpha_prior():
     assert api._seeded_policy("auto", stats, draft=draft).alpha == pytest.approx(measured)
     assert api._policy("auto", stats, draft).alpha == pytest.approx(measured)
     assert api._seeded_policy("auto", stats, draft=target).alpha == pytest.approx(0.5)  # (no fidelity recorded)
+
+
+def test_priors_follow_the_cpu_kind_and_avx2_bf16_drafts_short(monkeypatch):
+    """An AVX2 CPU (no AVX-512, no bf16 instructions) has priors of its own: there a bf16 verify pass costs 0.44 of a
+    step per position, so a seeded γ "auto" with an int8 draft (α 0.95) drafts at most γ 2 in bf16, where the
+    AVX-512 priors (the control) draft γ ≥ 5. `HFSPEC_CPU_KIND` pins the kind; another value is refused by name."""
+    from hfspec.decoding import priors
+    from hfspec.errors import HfspecError
+
+    def gamma_at(kind: str) -> int:
+        monkeypatch.setenv("HFSPEC_CPU_KIND", kind)
+        c = priors.draft_step_prior(0.5, "cpu", "bfloat16", "int8")
+        return best_gamma(priors.prior_model(c, "cpu", "bfloat16"), Acceptance(0.95), 12)[0]
+
+    assert gamma_at("avx2") <= 2 and gamma_at("avx512") >= 5
+    monkeypatch.setenv("HFSPEC_CPU_KIND", "avx2")
+    assert priors.cpu_kind() == "cpu-avx2"
+    assert priors.verify_prior(5, "cpu", "bfloat16") == pytest.approx(2.77)
+    assert priors.verify_prior(5, "cpu", "float32") == pytest.approx(1.70)
+    assert priors.draft_step_prior(0.25, "cpu", "float32", "int8") == pytest.approx(0.25 * 1.10)
+    assert priors.tree_row_prior("int8") == pytest.approx(0.02) and priors.tree_row_prior("int4") == pytest.approx(0.77)
+    # a dtype without an AVX2 row takes the AVX-512 row (prepacked fp32 was not measured on AVX2)
+    assert priors.verify_prior(5, "cpu", "float32+prepack") == pytest.approx(1.08)
+    monkeypatch.setenv("HFSPEC_CPU_KIND", "avx512")
+    assert priors.verify_prior(5, "cpu", "bfloat16") < 1.2 and priors.tree_row_prior("int8") == pytest.approx(0.23)
+    monkeypatch.setenv("HFSPEC_CPU_KIND", "sse")
+    with pytest.raises(HfspecError, match="HFSPEC_CPU_KIND: got 'sse'; allowed: avx512 or avx2"):
+        priors.cpu_kind()

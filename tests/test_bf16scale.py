@@ -193,6 +193,23 @@ def test_advice_recommends_bf16_only_when_the_verify_pass_is_the_bottleneck():
     assert verify_cost.advice(slow, None) is None
 
 
+def test_on_an_avx2_cpu_the_advice_says_float32_not_bf16(monkeypatch):
+    from hfspec.decoding.stats import SpecStats
+    from hfspec.measure import verify_cost
+    from hfspec.session import Baseline
+
+    baseline = Baseline(new_tokens=100, time_total=10.0)
+    slow = SpecStats(target_passes=40, time_target=40 * 0.277)  # a bf16 pass over 5 positions on AVX2: 2.77x
+    monkeypatch.setenv("HFSPEC_CPU_KIND", "avx2")
+    line = verify_cost.advice(slow, baseline, torch.bfloat16)
+    assert "no bfloat16 matmul instructions" in line and "float32" in line
+    fp32 = verify_cost.advice(slow, baseline)
+    assert "--dtype bfloat16" not in fp32 and "keep float32" in fp32
+    monkeypatch.setenv("HFSPEC_CPU_KIND", "avx512")  # the control: bf16 is the remedy there
+    assert verify_cost.advice(slow, baseline, torch.bfloat16) is None and "--dtype bfloat16" in verify_cost.advice(
+        slow, baseline)
+
+
 # ------------------------------------------------------------------------------------------------ fast fp32 linear
 @pytest.mark.skipif(not fast_linear.available(), reason="no oneDNN in this torch")
 def test_prepacked_linear_computes_f_linear_and_keeps_greedy_identity():

@@ -4,9 +4,41 @@ on a quiet machine and written here with its source; `prior_model` puts them int
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass
 
+import torch
+
 from hfspec.decoding.costmodel import CostModel
+from hfspec.errors import bad_value
+
+# Which CPU the priors were measured on: "avx512" (the 2-core AVX-512 EPYC VM, the "cpu" rows) or "avx2" (a 2-core
+# AMD EPYC Zen 2 VM, no AVX-512, the "cpu-avx2" rows: its int4 kernel costs nearly a row per row, its int8 kernel
+# and fp32 sgemm differ too). Read from torch's dispatch capability; `HFSPEC_CPU_KIND` pins it (the tests do, so that
+# seeded choices do not depend on the machine that runs them). A table without a row for the kind takes the "cpu" row.
+CPU_KINDS = {"avx512": "cpu", "avx2": "cpu-avx2"}
+CPU_KIND_ENV = "HFSPEC_CPU_KIND"
+
+
+@functools.cache
+def _detected_kind() -> str:
+    capability = torch.backends.cpu.get_cpu_capability().lower()
+    return "avx2" if capability == "avx2" else "avx512"
+
+
+def cpu_kind() -> str:
+    """The priors' key for this CPU: "cpu" (AVX-512, or anything not AVX2) or "cpu-avx2" (`HFSPEC_CPU_KIND`: "avx512"
+    or "avx2" pins it)."""
+    pinned = os.environ.get(CPU_KIND_ENV, "")
+    if pinned and pinned not in CPU_KINDS:
+        raise bad_value(CPU_KIND_ENV, pinned, " or ".join(CPU_KINDS))
+    return CPU_KINDS[pinned or _detected_kind()]
+
+
+def _key(device: str) -> str:
+    """"cpu" resolved to this CPU's kind (`cpu_kind`); any other device as it is."""
+    return cpu_kind() if device == "cpu" else device
 
 # A verify pass's marginal cost per position, in one-token target passes, before a run has timed any: what a
 # seeded run decides with (its text must not depend on this run's clock). "chain": over the 2–8 positions of a
@@ -18,15 +50,20 @@ VERIFY_SLOPE_PRIOR = {("cpu", "float32"): {"chain": 0.125, "tree": 0.05},
                       ("cpu", "float32+prepack"): {"chain": 0.02, "tree": 0.03},
                       ("cpu", "bfloat16"): {"chain": 0.02, "tree": 0.02},
                       ("cpu", "float16"): {"chain": 0.02, "tree": 0.02},
+                      # AVX2 (4 December 2026, the verify-width run below): fp32 0.18 a position at 5, 0.07 at 16;
+                      # bf16 (no instructions for it) 0.44 a position at every width; fp16 taken to be alike
+                      ("cpu-avx2", "float32"): {"chain": 0.18, "tree": 0.07},
+                      ("cpu-avx2", "bfloat16"): {"chain": 0.44, "tree": 0.43},
+                      ("cpu-avx2", "float16"): {"chain": 0.44, "tree": 0.43},
                       ("other", ""): {"chain": 0.005, "tree": 0.005}}
 
 
 def _row(table: dict, device: str, dtype: str):
     """A prior table's entry for a device type and target dtype: a CPU dtype not listed takes fp32's, any other
     device the ("other", "") entry."""
-    if device != "cpu":
+    if device not in ("cpu", "cpu-avx2"):
         return table[("other", "")]
-    return table.get((device, dtype), table[("cpu", "float32")])
+    return table.get((_key(device), dtype)) or table.get(("cpu", dtype), table[("cpu", "float32")])
 
 
 def verify_slope_prior(device: str, dtype: str, shape: str = "chain") -> float:
@@ -50,6 +87,12 @@ DRAFT_STEP_PRIOR = {("cpu", "float32"): {"int4": 0.97, "int8": 1.2, "other": 1.0
                     ("cpu", "float32+prepack"): {"int4": 1.12, "int8": 1.39, "other": 1.16},
                     ("cpu", "bfloat16"): {"int4": 0.74, "int8": 0.85, "other": 0.8},
                     ("cpu", "float16"): {"int4": 0.74, "int8": 0.85, "other": 0.8},
+                    # The AVX2 CPU (4 December 2026, benchmarks/results/epyc-avx2-2c-2026-12-04-int8.md, SmolLM2-135M off
+                    # the grid): a 4-bit draft runs as a bf16 copy there (torch's int4 packing has another layout on
+                    # AVX2), c 0.355 at bytes 0.50 in fp32 (0.71), 0.624 at 1.0 in bf16 (0.62); int8 compiled 0.276 at
+                    # 0.25 (1.10), eager 0.381 (1.52), in bf16 0.502 / 0.679 at 0.50 (1.0 / 1.36): the compiled step's.
+                    ("cpu-avx2", "float32"): {"int8": 1.10, "other": 0.71},
+                    ("cpu-avx2", "bfloat16"): {"int8": 1.0, "other": 0.62},
                     ("other", ""): {"other": 1.0}}
 
 
@@ -81,12 +124,20 @@ VERIFY_CURVE_PRIOR = {
     # cheaper than 6 made seeded γ "auto" jump from γ 3 to γ 6 as α crossed 0.84 and never draft 4 or 5 (3 December,
     # gptq4-compiled; fixed γ 4 and 5 were 10–17 % faster than that run). Then the measured 16, 24 and 32.
     ("cpu", "bfloat16"): ((1, 1.0), (10, 1.2565), (16, 1.32), (24, 1.44), (32, 1.63)),
+    # The AVX2 CPU (AMD EPYC Zen 2, 4 December 2026, benchmarks/results/epyc-avx2-2c-2026-12-04-verify-width.md, every
+    # point within ±4 %): fp32 much like AVX-512's (2.08× at 16); bf16, which this CPU has no instructions for, costs
+    # 0.44 of a step per position (5 positions 2.77×, 16 positions 7.4×), though one position is the cheapest step.
+    ("cpu-avx2", "float32"): ((1, 1.0), (2, 1.46), (3, 1.73), (4, 1.70), (5, 1.70), (6, 1.72), (7, 1.85), (8, 1.82),
+                              (9, 1.97), (10, 1.97), (12, 1.96), (16, 2.08), (24, 2.27), (32, 2.54)),
+    ("cpu-avx2", "bfloat16"): ((1, 1.0), (2, 1.44), (3, 1.88), (4, 2.31), (5, 2.77), (6, 3.20), (7, 3.66), (8, 4.10),
+                               (10, 4.88), (12, 5.80), (16, 7.37), (24, 10.67), (32, 13.93)),
 }
 
 
 def verify_prior(n: int, device: str = "cpu", dtype: str = "float32") -> float:
     """t(n) / t(1) before a run has timed any (`VERIFY_CURVE_PRIOR`, else 1 + slope · (n − 1))."""
-    points = VERIFY_CURVE_PRIOR.get((device, dtype)) if device == "cpu" else None
+    points = (VERIFY_CURVE_PRIOR.get((_key(device), dtype)) or VERIFY_CURVE_PRIOR.get(("cpu", dtype))
+              if device in ("cpu", "cpu-avx2") else None)
     if not points:
         return 1.0 + verify_slope_prior(device, dtype, "chain") * (n - 1)
     for (n0, t0), (n1, t1) in zip(points, points[1:], strict=False):
@@ -141,6 +192,9 @@ TREE_ROUND_PRIOR = 0.06
 # width, and seeded tree="auto" grew 8-wide levels of an int8 draft in bf16 at T = 1 where the chain was faster
 # (1.47× against 1.73×).
 TREE_ROW_PRIOR = {"int4": 0.33, "int8": 0.23, "bfloat16": 0.04, "float32": 0.10}
+# The same on the AVX2 CPU ("cpu-avx2", 4 December 2026, benchmarks/results/epyc-avx2-2c-2026-12-04-level-rows.md):
+# its int4 kernel costs nearly a whole row per row, its int8 kernel almost nothing per row.
+TREE_ROW_PRIOR_AVX2 = {"int4": 0.77, "int8": 0.02, "bfloat16": 0.82, "float32": 0.44}
 
 
 def tree_level_prior(compiled: bool) -> float:
@@ -150,4 +204,5 @@ def tree_level_prior(compiled: bool) -> float:
 
 def tree_row_prior(storage: str) -> float:
     """One more node of a tree level, in one-node levels (`TREE_ROW_PRIOR`; a storage not listed: fp32's)."""
-    return TREE_ROW_PRIOR.get(storage, TREE_ROW_PRIOR["float32"])
+    table = TREE_ROW_PRIOR_AVX2 if cpu_kind() == "cpu-avx2" else TREE_ROW_PRIOR
+    return table.get(storage, table["float32"])

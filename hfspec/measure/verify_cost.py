@@ -10,12 +10,15 @@ target of that size then gains little, and loading it in bfloat16 is the remedy.
 record of the run (`hfspec.decoding.costmodel`: prefill apart, the step from a plain run timed beside it or one-token
 passes after it). Without such a record it falls back to the mean target pass over the plain run's time per
 token, which counts the prompt's prefill and sampling and so reads a little high for short runs. `advice` turns
-a ratio above VERIFY_BOTTLENECK into one line for the CLI and the dashboard.
+a ratio above VERIFY_BOTTLENECK into one line for the CLI and the dashboard. On an AVX2 CPU (no AVX-512, no bf16
+instructions: `hfspec.decoding.priors.cpu_kind`) bf16 is no remedy: a bf16 pass costs 0.44 of a step per position
+there (benchmarks/results/epyc-avx2-2c-2026-12-04-verify-width.md), so the line says to keep or load float32.
 """
 
 from __future__ import annotations
 
 from hfspec.decoding.costmodel import CostModel
+from hfspec.decoding.priors import cpu_kind
 
 VERIFY_BOTTLENECK = 1.5  # verify pass / one-token step above which the verify pass is called the bottleneck
 
@@ -59,7 +62,16 @@ def advice(stats, baseline, dtype=None, switch: str = CLI_SWITCH) -> str | None:
     if ratio is None or ratio <= VERIFY_BOTTLENECK:
         return None
     name = str(dtype).replace("torch.", "") if dtype is not None else (getattr(stats, "target_dtype", "") or None)
+    avx2 = cpu_kind() == "cpu-avx2"
     if name in ("bfloat16", "float16"):
-        return None
+        if not avx2:
+            return None
+        return (f"verify pass {ratio:.1f}× a one-token step: this CPU (AVX2, no AVX-512) has no {name} matmul "
+                "instructions, so each position of the pass costs nearly half a step; load the target in float32 "
+                "and use an int8 draft")
+    if avx2:
+        return (f"verify pass {ratio:.1f}× a one-token step: the target's pass over γ+1 positions limits the "
+                "speed-up; float32 matmuls over several rows are slow on CPUs, and this one (AVX2) has no bfloat16 "
+                "instructions either: keep float32, and prefer a draft accepted often (int8) at a small γ")
     return (f"verify pass {ratio:.1f}× a one-token step: the target's pass over γ+1 positions limits the "
             f"speed-up; float32 matmuls over several rows are slow on CPUs, bfloat16 ones are not: try {switch}")
