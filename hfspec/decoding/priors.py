@@ -87,12 +87,13 @@ DRAFT_STEP_PRIOR = {("cpu", "float32"): {"int4": 0.97, "int8": 1.2, "other": 1.0
                     ("cpu", "float32+prepack"): {"int4": 1.12, "int8": 1.39, "other": 1.16},
                     ("cpu", "bfloat16"): {"int4": 0.74, "int8": 0.85, "other": 0.8},
                     ("cpu", "float16"): {"int4": 0.74, "int8": 0.85, "other": 0.8},
-                    # The AVX2 CPU (4 December 2026, benchmarks/results/epyc-avx2-2c-2026-12-04-int8.md, SmolLM2-135M off
-                    # the grid): a 4-bit draft runs as a bf16 copy there (torch's int4 packing has another layout on
-                    # AVX2), c 0.355 at bytes 0.50 in fp32 (0.71), 0.624 at 1.0 in bf16 (0.62); int8 compiled 0.276 at
-                    # 0.25 (1.10), eager 0.381 (1.52), in bf16 0.502 / 0.679 at 0.50 (1.0 / 1.36): the compiled step's.
-                    ("cpu-avx2", "float32"): {"int8": 1.10, "other": 0.71},
-                    ("cpu-avx2", "bfloat16"): {"int8": 1.0, "other": 0.62},
+                    # The AVX2 CPU (4 December 2026, SmolLM2-135M off the grid, compiled steps;
+                    # benchmarks/results/epyc-avx2-2c-2026-12-04-int4.md and …-int8.md): gptq4 (int4 kernel) c 0.208
+                    # at bytes 0.156 in fp32 (1.33), 0.361 at 0.312 in bf16 (1.16); int8 0.276 / 0.288 at 0.25 in
+                    # fp32 (1.13), 0.502 / 0.486 at 0.50 in bf16 (0.99); eager int8 is 1.4x its compiled step. A
+                    # 4-bit draft held as a bf16 copy (before its int4 layout was known there): 0.71 / 0.62.
+                    ("cpu-avx2", "float32"): {"int4": 1.33, "int8": 1.13, "other": 0.71},
+                    ("cpu-avx2", "bfloat16"): {"int4": 1.16, "int8": 0.99, "other": 0.62},
                     ("other", ""): {"other": 1.0}}
 
 
@@ -192,9 +193,10 @@ TREE_ROUND_PRIOR = 0.06
 # width, and seeded tree="auto" grew 8-wide levels of an int8 draft in bf16 at T = 1 where the chain was faster
 # (1.47× against 1.73×).
 TREE_ROW_PRIOR = {"int4": 0.33, "int8": 0.23, "bfloat16": 0.04, "float32": 0.10}
-# The same on the AVX2 CPU ("cpu-avx2", 4 December 2026, benchmarks/results/epyc-avx2-2c-2026-12-04-level-rows.md):
-# its int4 kernel costs nearly a whole row per row, its int8 kernel almost nothing per row.
-TREE_ROW_PRIOR_AVX2 = {"int4": 0.77, "int8": 0.02, "bfloat16": 0.82, "float32": 0.44}
+# The same on the AVX2 CPU ("cpu-avx2", 4 December 2026, benchmarks/results/epyc-avx2-2c-2026-12-04-level-rows.md,
+# the slope at 8 rows): int4 0.31, int8 0.19 (4 rows cost only 1.15x one there), fp32 0.18; bf16, which has no
+# instructions there, 0.82 (4 rows; the same script earlier that day, its int4 rows then a bf16 copy, not kept).
+TREE_ROW_PRIOR_AVX2 = {"int4": 0.31, "int8": 0.19, "bfloat16": 0.82, "float32": 0.18}
 
 
 def tree_level_prior(compiled: bool) -> float:
