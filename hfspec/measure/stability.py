@@ -4,6 +4,7 @@ applies them to interleaved rounds."""
 
 from __future__ import annotations
 
+import collections
 import math
 import os
 import statistics
@@ -136,15 +137,13 @@ def stratified_median(values: Sequence[float], strata: Sequence | None,
     if len(set(keys)) <= 1:
         low, high, coverage = median_interval(values, level)
         return (statistics.median(values) if values else math.nan), low, high, coverage
-    groups: dict = {}
-    for key, v in zip(keys, values, strict=True):
-        groups.setdefault(key, []).append(v)
-    medians = [statistics.median(vs) for vs in groups.values()]
+    medians = list(strata_medians(values, keys).values())
     if any(m <= 0 for m in medians):
         figure = statistics.median(values)
     else:
         figure = math.exp(sum(math.log(m) for m in medians) / len(medians))
-    informative = [f for f, key in zip(within_strata(values, keys), keys, strict=True) if keys.count(key) > 1]
+    sizes = collections.Counter(keys)
+    informative = [f for f, key in zip(within_strata(values, keys), keys, strict=True) if sizes[key] > 1]
     if not informative:
         return figure, figure, figure, 0.0
     low, high, coverage = median_interval(informative, level)

@@ -63,15 +63,15 @@ def advice(stats, baseline, dtype=None, switch: str = CLI_SWITCH) -> str | None:
         return None
     name = str(dtype).replace("torch.", "") if dtype is not None else (getattr(stats, "target_dtype", "") or None)
     avx2 = cpu_kind() == "cpu-avx2"
+    head = f"verify pass {ratio:.1f}× a one-token step: "
     if name in ("bfloat16", "float16"):
         if not avx2:
             return None
-        return (f"verify pass {ratio:.1f}× a one-token step: this CPU (AVX2, no AVX-512) has no {name} matmul "
-                "instructions, so each position of the pass costs nearly half a step; load the target in float32 "
-                "and use an int8 draft")
+        return (head + f"this CPU (AVX2, no AVX-512) has no {name} matmul instructions, so each position of the pass "
+                "costs nearly half a step; load the target in float32 and use an int8 draft")
+    limits = ("the target's pass over γ+1 positions limits the speed-up; float32 matmuls over several rows are slow "
+              "on CPUs, ")
     if avx2:
-        return (f"verify pass {ratio:.1f}× a one-token step: the target's pass over γ+1 positions limits the "
-                "speed-up; float32 matmuls over several rows are slow on CPUs, and this one (AVX2) has no bfloat16 "
-                "instructions either: keep float32, and prefer a draft accepted often (int8) at a small γ")
-    return (f"verify pass {ratio:.1f}× a one-token step: the target's pass over γ+1 positions limits the "
-            f"speed-up; float32 matmuls over several rows are slow on CPUs, bfloat16 ones are not: try {switch}")
+        return (head + limits + "and this one (AVX2) has no bfloat16 instructions either: keep float32, and prefer a "
+                "draft accepted often (int8) at a small γ")
+    return head + limits + f"bfloat16 ones are not: try {switch}"
