@@ -377,5 +377,32 @@ def test_priors_follow_the_cpu_kind_and_avx2_bf16_drafts_short(monkeypatch):
     monkeypatch.setenv("HFSPEC_CPU_KIND", "avx512")
     assert priors.verify_prior(5, "cpu", "bfloat16") < 1.2 and priors.tree_row_prior("int8") == pytest.approx(0.23)
     monkeypatch.setenv("HFSPEC_CPU_KIND", "sse")
-    with pytest.raises(HfspecError, match="HFSPEC_CPU_KIND: got 'sse'; allowed: avx512 or avx2"):
+    with pytest.raises(HfspecError, match="HFSPEC_CPU_KIND: got 'sse'; allowed: avx512, avx2 or amx"):
         priors.cpu_kind()
+
+
+def test_amx_priors_price_3_fp32_positions_cheaply_and_bf16_steps_dear(monkeypatch):
+    """An Intel AMX CPU has rows of its own: there MKL's fp32 sgemm over 3 rows costs 1.07 one-row steps and 4 rows
+    1.44, so a seeded γ "auto" with a draft at the AMX price of gptq4 in fp32 (c 0.30, α 0.87) drafts γ 2 (3
+    positions) or γ ≥ 5, never the 3–4 that AVX-512's smoother curve favours; bf16's flat verify pass lets it draft
+    longer than fp32's. The draft-step prior is dearer per byte (the model sits in the L3: arithmetic, not bytes)."""
+    from hfspec.decoding import priors
+    from hfspec.kernels import fast_linear
+
+    monkeypatch.setenv("HFSPEC_CPU_KIND", "amx")
+    assert priors.cpu_kind() == "cpu-amx"
+    assert priors.verify_prior(3, "cpu", "float32") == pytest.approx(1.07)
+    assert priors.verify_prior(4, "cpu", "float32") == pytest.approx(1.44)
+    assert priors.verify_prior(16, "cpu", "bfloat16") == pytest.approx(1.18)
+    c32 = priors.draft_step_prior(0.156, "cpu", "float32", "int4")
+    assert c32 == pytest.approx(0.156 * 1.81)
+    g32 = best_gamma(priors.prior_model(c32, "cpu", "float32"), Acceptance(0.87), 12)[0]
+    c16 = priors.draft_step_prior(0.312, "cpu", "bfloat16", "int4")
+    g16 = best_gamma(priors.prior_model(c16, "cpu", "bfloat16"), Acceptance(0.87), 12)[0]
+    assert g32 not in (3, 4) and g16 > g32
+    assert priors.tree_row_prior("int4") == pytest.approx(0.36)
+    assert fast_linear.min_rows() == 4
+    monkeypatch.setenv("HFSPEC_CPU_KIND", "avx512")  # the control: the EPYC rows
+    assert priors.verify_prior(3, "cpu", "float32") == pytest.approx(1.91)
+    assert priors.draft_step_prior(0.156, "cpu", "float32", "int4") == pytest.approx(0.156 * 0.97)
+    assert fast_linear.min_rows() == 1

@@ -4,36 +4,16 @@ on a quiet machine and written here with its source; `prior_model` puts them int
 
 from __future__ import annotations
 
-import functools
-import os
 from dataclasses import dataclass
 
-import torch
-
 from hfspec.decoding.costmodel import CostModel
-from hfspec.errors import bad_value
+from hfspec.kernels.cpu import CPU_KIND_ENV, CPU_KINDS, cpu_kind  # noqa: F401 (also read from here)
 
-# Which CPU the priors were measured on: "avx512" (the 2-core AVX-512 EPYC VM, the "cpu" rows) or "avx2" (a 2-core
-# AMD EPYC Zen 2 VM, no AVX-512, the "cpu-avx2" rows: its int4 kernel costs nearly a row per row, its int8 kernel
-# and fp32 sgemm differ too). Read from torch's dispatch capability; `HFSPEC_CPU_KIND` pins it (the tests do, so that
-# seeded choices do not depend on the machine that runs them). A table without a row for the kind takes the "cpu" row.
-CPU_KINDS = {"avx512": "cpu", "avx2": "cpu-avx2"}
-CPU_KIND_ENV = "HFSPEC_CPU_KIND"
-
-
-@functools.cache
-def _detected_kind() -> str:
-    capability = torch.backends.cpu.get_cpu_capability().lower()
-    return "avx2" if capability == "avx2" else "avx512"
-
-
-def cpu_kind() -> str:
-    """The priors' key for this CPU: "cpu" (AVX-512, or anything not AVX2) or "cpu-avx2" (`HFSPEC_CPU_KIND`: "avx512"
-    or "avx2" pins it)."""
-    pinned = os.environ.get(CPU_KIND_ENV, "")
-    if pinned and pinned not in CPU_KINDS:
-        raise bad_value(CPU_KIND_ENV, pinned, " or ".join(CPU_KINDS))
-    return CPU_KINDS[pinned or _detected_kind()]
+# Which CPU the priors were measured on (`hfspec.kernels.cpu`): "cpu" rows, the 2-core AVX-512 EPYC VM (Zen 4);
+# "cpu-avx2" rows, a 2-core AMD EPYC Zen 2 VM (no AVX-512: its int4 kernel costs nearly a row per row, its int8
+# kernel and fp32 sgemm differ too); "cpu-amx" rows, a 2-core Intel Xeon VM with AMX (5 December 2026). A table
+# without a row for the kind takes the "cpu" row.
+CPU_KIND_DEVICES = ("cpu", *(kind for kind in CPU_KINDS.values() if kind != "cpu"))
 
 
 def _key(device: str) -> str:
@@ -55,13 +35,19 @@ VERIFY_SLOPE_PRIOR = {("cpu", "float32"): {"chain": 0.125, "tree": 0.05},
                       ("cpu-avx2", "float32"): {"chain": 0.18, "tree": 0.07},
                       ("cpu-avx2", "bfloat16"): {"chain": 0.44, "tree": 0.43},
                       ("cpu-avx2", "float16"): {"chain": 0.44, "tree": 0.43},
+                      # Intel AMX (5 December 2026, benchmarks/results/xeon-2c-2026-12-05-verify-width*.md): fp32
+                      # 0.125 a position at 5 (but 3 positions cost 1.07), 0.07 at 16; bf16 0.025 at 5, 0.012 at 16
+                      ("cpu-amx", "float32"): {"chain": 0.125, "tree": 0.07},
+                      ("cpu-amx", "float32+prepack"): {"chain": 0.125, "tree": 0.065},
+                      ("cpu-amx", "bfloat16"): {"chain": 0.025, "tree": 0.012},
+                      ("cpu-amx", "float16"): {"chain": 0.025, "tree": 0.012},
                       ("other", ""): {"chain": 0.005, "tree": 0.005}}
 
 
 def _row(table: dict, device: str, dtype: str):
     """A prior table's entry for a device type and target dtype: a CPU dtype not listed takes fp32's, any other
     device the ("other", "") entry."""
-    if device not in ("cpu", "cpu-avx2"):
+    if device not in CPU_KIND_DEVICES:
         return table[("other", "")]
     return table.get((_key(device), dtype)) or table.get(("cpu", dtype), table[("cpu", "float32")])
 
@@ -94,6 +80,15 @@ DRAFT_STEP_PRIOR = {("cpu", "float32"): {"int4": 0.97, "int8": 1.2, "other": 1.0
                     # 4-bit draft held as a bf16 copy (before its int4 layout was known there): 0.71 / 0.62.
                     ("cpu-avx2", "float32"): {"int4": 1.33, "int8": 1.13, "other": 0.71},
                     ("cpu-avx2", "bfloat16"): {"int4": 1.16, "int8": 0.99, "other": 0.62},
+                    # Intel AMX (5 December 2026, benchmarks/results/xeon-2c-2026-12-05-int8*.md): the whole model
+                    # sits in its 480 MB L3, so a step is priced by arithmetic, not bytes, and the packed kernels
+                    # cost more per byte than fp32's sgemv: fp32 gptq4-compiled c 0.300 / 0.265 at bytes 0.156 in
+                    # two runs (1.81), int8-compiled 0.433 at 0.25 (1.73; eager 0.543, before the compile check
+                    # allowed its rounding), rtn8 (bf16 copy) 0.963 at 0.50 (1.93); bf16 gptq4-compiled
+                    # 0.235 at 0.312 (0.75), int8-compiled 0.370 at 0.50 (0.74), rtn8 0.789 at 1.0 (0.79).
+                    ("cpu-amx", "float32"): {"int4": 1.81, "int8": 1.73, "other": 1.93},
+                    ("cpu-amx", "float32+prepack"): {"int4": 1.81, "int8": 1.73, "other": 1.93},
+                    ("cpu-amx", "bfloat16"): {"int4": 0.75, "int8": 0.74, "other": 0.79},
                     ("other", ""): {"other": 1.0}}
 
 
@@ -130,6 +125,16 @@ VERIFY_CURVE_PRIOR = {
     # 0.44 of a step per position (5 positions 2.77×, 16 positions 7.4×), though one position is the cheapest step.
     ("cpu-avx2", "float32"): ((1, 1.0), (2, 1.46), (3, 1.73), (4, 1.70), (5, 1.70), (6, 1.72), (7, 1.85), (8, 1.82),
                               (9, 1.97), (10, 1.97), (12, 1.96), (16, 2.08), (24, 2.27), (32, 2.54)),
+    # Intel AMX (5 December 2026, benchmarks/results/xeon-2c-2026-12-05-verify-width-dense.md for 1–12,
+    # …-verify-width.md for 16–32): fp32's sgemm is cheap up to 3 rows, then jumps (4 positions 1.44); bf16 is flat
+    # (1.10 at 5, 1.18 at 16), though its one-token step is 1.17x fp32's. Prepacked fp32 (oneDNN from 4 rows, MKL
+    # below: its one-row product is 1.3x sgemv here) over the unpacked one-token step.
+    ("cpu-amx", "float32"): ((1, 1.0), (2, 1.02), (3, 1.07), (4, 1.44), (5, 1.50), (6, 1.55), (7, 1.71), (8, 1.79),
+                             (9, 1.84), (10, 1.97), (12, 2.06), (16, 2.05), (24, 2.27), (32, 2.44)),
+    ("cpu-amx", "float32+prepack"): ((1, 1.0), (2, 1.02), (3, 1.07), (5, 1.51), (8, 1.69), (16, 1.97), (24, 2.26),
+                                     (32, 2.44)),
+    ("cpu-amx", "bfloat16"): ((1, 1.0), (2, 1.07), (5, 1.10), (8, 1.12), (12, 1.15), (16, 1.18), (24, 1.26),
+                              (32, 1.29)),
     ("cpu-avx2", "bfloat16"): ((1, 1.0), (2, 1.44), (3, 1.88), (4, 2.31), (5, 2.77), (6, 3.20), (7, 3.66), (8, 4.10),
                                (10, 4.88), (12, 5.80), (16, 7.37), (24, 10.67), (32, 13.93)),
 }
@@ -138,7 +143,7 @@ VERIFY_CURVE_PRIOR = {
 def verify_prior(n: int, device: str = "cpu", dtype: str = "float32") -> float:
     """t(n) / t(1) before a run has timed any (`VERIFY_CURVE_PRIOR`, else 1 + slope · (n − 1))."""
     points = (VERIFY_CURVE_PRIOR.get((_key(device), dtype)) or VERIFY_CURVE_PRIOR.get(("cpu", dtype))
-              if device in ("cpu", "cpu-avx2") else None)
+              if device in CPU_KIND_DEVICES else None)
     if not points:
         return 1.0 + verify_slope_prior(device, dtype, "chain") * (n - 1)
     for (n0, t0), (n1, t1) in zip(points, points[1:], strict=False):
@@ -197,6 +202,10 @@ TREE_ROW_PRIOR = {"int4": 0.33, "int8": 0.23, "bfloat16": 0.04, "float32": 0.10}
 # the slope at 8 rows): int4 0.31, int8 0.19 (4 rows cost only 1.15x one there), fp32 0.18; bf16, which has no
 # instructions there, 0.82 (4 rows; the same script earlier that day, its int4 rows then a bf16 copy, not kept).
 TREE_ROW_PRIOR_AVX2 = {"int4": 0.31, "int8": 0.19, "bfloat16": 0.82, "float32": 0.18}
+# Intel AMX ("cpu-amx", 5 December 2026, benchmarks/results/xeon-2c-2026-12-05-level-rows.md, the slope at 8 rows):
+# the packed kernels cost more than a third of a row per row; dense bf16 (AMX) almost nothing.
+TREE_ROW_PRIOR_AMX = {"int4": 0.36, "int8": 0.35, "bfloat16": 0.02, "float32": 0.32}
+TREE_ROW_PRIORS = {"cpu": TREE_ROW_PRIOR, "cpu-avx2": TREE_ROW_PRIOR_AVX2, "cpu-amx": TREE_ROW_PRIOR_AMX}
 
 
 def tree_level_prior(compiled: bool) -> float:
@@ -206,5 +215,5 @@ def tree_level_prior(compiled: bool) -> float:
 
 def tree_row_prior(storage: str) -> float:
     """One more node of a tree level, in one-node levels (`TREE_ROW_PRIOR`; a storage not listed: fp32's)."""
-    table = TREE_ROW_PRIOR_AVX2 if cpu_kind() == "cpu-avx2" else TREE_ROW_PRIOR
+    table = TREE_ROW_PRIORS.get(cpu_kind(), TREE_ROW_PRIOR)
     return table.get(storage, table["float32"])

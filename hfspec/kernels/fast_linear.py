@@ -25,8 +25,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from hfspec.attrs import NAMESPACE, PACKED, del_attr, get_attr, has_attr, set_attr
+from hfspec.kernels.cpu import cpu_kind
 
 MIN_ROWS = 1  # calls with at least this many rows use the prepacked weight
+# ...except on an Intel AMX CPU ("cpu-amx"; 5 December 2026, benchmarks/results/xeon-2c-2026-12-05-verify-width.md):
+# there oneDNN's one-row product is 1.3x MKL's sgemv and MKL's 2-3-row sgemm costs 1.02-1.07x one row, so prepacked
+# weights pay only from 4 rows (5 positions 1.51x the one-token step against 1.54x unpacked: little gained there)
+MIN_ROWS_BY_KIND = {"cpu-amx": 4}
+
+
+def min_rows() -> int:
+    """The fewest rows a call needs to use the prepacked weight on this CPU (`MIN_ROWS`, `MIN_ROWS_BY_KIND`)."""
+    return MIN_ROWS_BY_KIND.get(cpu_kind(), MIN_ROWS)
 
 
 def available() -> bool:
@@ -48,6 +58,7 @@ class _Packed:
 
     def __init__(self, weight: torch.Tensor):
         self.version = weight._version
+        self.min_rows = min_rows()
         self.tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
 
     def __deepcopy__(self, memo):
@@ -58,7 +69,7 @@ def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     space = self.__dict__[NAMESPACE]  # `get_attr(self, PACKED)`, read directly: this runs on every call
     packed = space[PACKED]
     rows = x.numel() // self.in_features if x.dim() else 0
-    if (packed is None or rows < MIN_ROWS or x.dtype != torch.float32 or x.device.type != "cpu"
+    if (packed is None or rows < packed.min_rows or x.dtype != torch.float32 or x.device.type != "cpu"
             or torch.is_grad_enabled()):
         return F.linear(x, self.weight, self.bias)
     if packed.version != self.weight._version:  # the weight changed in place since: pack it again
