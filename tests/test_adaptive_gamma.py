@@ -381,25 +381,30 @@ def test_priors_follow_the_cpu_kind_and_avx2_bf16_drafts_short(monkeypatch):
         priors.cpu_kind()
 
 
-def test_amx_priors_price_3_fp32_positions_cheaply_and_bf16_steps_dear(monkeypatch):
-    """An Intel AMX CPU has rows of its own: there MKL's fp32 sgemm over 3 rows costs 1.07 one-row steps and 4 rows
-    1.44, so a seeded γ "auto" with a draft at the AMX price of gptq4 in fp32 (c 0.30, α 0.87) drafts γ 2 (3
-    positions) or γ ≥ 5, never the 3–4 that AVX-512's smoother curve favours; bf16's flat verify pass lets it draft
-    longer than fp32's. The draft-step prior is dearer per byte (the model sits in the L3: arithmetic, not bytes)."""
+def test_amx_priors_price_short_rounds_fully_and_bf16_steps_dear(monkeypatch):
+    """An Intel AMX CPU has rows of its own: there MKL's fp32 sgemm over 3 rows costs 1.12 one-row steps in decoding
+    and 4 rows 1.51, and a round's first draft call costs about one draft step more than the rest
+    (`DRAFT_ROUND_PRIOR`). With that intercept a seeded γ "auto" with gptq4's AMX price in fp32 (α 0.877, greedy
+    there) drafts γ 5, as the fastest fixed γ measured; without it (the control) the cheap 3-position pass made it
+    draft γ 2, 7 % slower. bf16's flat verify pass lets it draft longer than fp32."""
     from hfspec.decoding import priors
     from hfspec.kernels import fast_linear
 
     monkeypatch.setenv("HFSPEC_CPU_KIND", "amx")
     assert priors.cpu_kind() == "cpu-amx"
-    assert priors.verify_prior(3, "cpu", "float32") == pytest.approx(1.07)
-    assert priors.verify_prior(4, "cpu", "float32") == pytest.approx(1.44)
+    assert priors.verify_prior(3, "cpu", "float32") == pytest.approx(1.12)
+    assert priors.verify_prior(4, "cpu", "float32") == pytest.approx(1.51)
     assert priors.verify_prior(16, "cpu", "bfloat16") == pytest.approx(1.18)
     c32 = priors.draft_step_prior(0.156, "cpu", "float32", "int4")
-    assert c32 == pytest.approx(0.156 * 1.81)
-    g32 = best_gamma(priors.prior_model(c32, "cpu", "float32"), Acceptance(0.87), 12)[0]
+    assert c32 == pytest.approx(0.156 * 1.35)
+    g32 = best_gamma(priors.prior_model(c32, "cpu", "float32"), Acceptance(0.877), 12)[0]
     c16 = priors.draft_step_prior(0.312, "cpu", "bfloat16", "int4")
-    g16 = best_gamma(priors.prior_model(c16, "cpu", "bfloat16"), Acceptance(0.87), 12)[0]
-    assert g32 not in (3, 4) and g16 > g32
+    g16 = best_gamma(priors.prior_model(c16, "cpu", "bfloat16"), Acceptance(0.877), 12)[0]
+    assert g32 == 5 and g16 > g32
+    monkeypatch.setattr(priors, "DRAFT_ROUND_PRIOR", {})  # the control: no intercept
+    assert best_gamma(priors.prior_model(c32, "cpu", "float32"), Acceptance(0.877), 12)[0] == 2
+    monkeypatch.undo()
+    monkeypatch.setenv("HFSPEC_CPU_KIND", "amx")
     assert priors.tree_row_prior("int4") == pytest.approx(0.36)
     assert fast_linear.min_rows() == 4
     monkeypatch.setenv("HFSPEC_CPU_KIND", "avx512")  # the control: the EPYC rows

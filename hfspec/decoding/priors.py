@@ -80,15 +80,19 @@ DRAFT_STEP_PRIOR = {("cpu", "float32"): {"int4": 0.97, "int8": 1.2, "other": 1.0
                     # 4-bit draft held as a bf16 copy (before its int4 layout was known there): 0.71 / 0.62.
                     ("cpu-avx2", "float32"): {"int4": 1.33, "int8": 1.13, "other": 0.71},
                     ("cpu-avx2", "bfloat16"): {"int4": 1.16, "int8": 0.99, "other": 0.62},
-                    # Intel AMX (5 December 2026, benchmarks/results/xeon-2c-2026-12-05-int8*.md): the whole model
-                    # sits in its 480 MB L3, so a step is priced by arithmetic, not bytes, and the packed kernels
-                    # cost more per byte than fp32's sgemv: fp32 gptq4-compiled c 0.300 / 0.265 at bytes 0.156 in
-                    # two runs (1.81), int8-compiled 0.433 at 0.25 (1.73; eager 0.543, before the compile check
-                    # allowed its rounding), rtn8 (bf16 copy) 0.963 at 0.50 (1.93); bf16 gptq4-compiled
-                    # 0.235 at 0.312 (0.75), int8-compiled 0.370 at 0.50 (0.74), rtn8 0.789 at 1.0 (0.79).
-                    ("cpu-amx", "float32"): {"int4": 1.81, "int8": 1.73, "other": 1.93},
-                    ("cpu-amx", "float32+prepack"): {"int4": 1.81, "int8": 1.73, "other": 1.93},
-                    ("cpu-amx", "bfloat16"): {"int4": 0.75, "int8": 0.74, "other": 0.79},
+                    # Intel AMX (5 December 2026): the whole model sits in its 480 MB L3, so a step is priced by
+                    # arithmetic, not bytes, and the packed kernels cost more per byte than fp32's sgemv. Steps timed
+                    # alone (benchmarks/results/xeon-2c-2026-12-05-int8*.md): fp32 gptq4-compiled c 0.300 / 0.265 at
+                    # bytes 0.156 in two runs, int8-compiled 0.433 at 0.25 (eager 0.543, before the compile check
+                    # allowed its rounding), rtn8 (bf16 copy) 0.963 at 0.50; bf16 gptq4-compiled 0.235 at 0.312,
+                    # int8-compiled 0.370 at 0.50, rtn8 0.789 at 1.0. Inside decoding (SmolLM2 off the grid, γ 2–6
+                    # on four prompts, each round's draft seconds against γ) gptq4-compiled's draft costs a line:
+                    # 0.21 of a step per token in fp32 (1.35 of its bytes ratio) and 0.19 in bf16 (0.61), plus
+                    # `DRAFT_ROUND_PRIOR` per round. The int4 factors are those decoding slopes; int8's and
+                    # rtn8's are their steps timed alone × int4's decoding / alone ratio (0.75 fp32, 0.81 bf16).
+                    ("cpu-amx", "float32"): {"int4": 1.35, "int8": 1.29, "other": 1.44},
+                    ("cpu-amx", "float32+prepack"): {"int4": 1.35, "int8": 1.29, "other": 1.44},
+                    ("cpu-amx", "bfloat16"): {"int4": 0.61, "int8": 0.60, "other": 0.64},
                     ("other", ""): {"other": 1.0}}
 
 
@@ -98,6 +102,20 @@ def draft_step_prior(c_bytes: float, device: str = "cpu", dtype: str = "float32"
     ("int4", "int8", or anything else: "other")."""
     row = _row(DRAFT_STEP_PRIOR, device, dtype)
     return c_bytes * row.get(storage, row["other"])
+
+
+# A round's draft time is a line in γ whose intercept is not 0: the round's first draft call catches up on the
+# tokens the last verify pass committed (the bonus or corrected token, and a rejected draft token's replacement)
+# before it proposes. In draft steps c per round, measured inside decoding where it was measured (the Intel AMX CPU,
+# 5 December 2026, the run above: 0.22 of a target step per round in fp32 and 0.24 in bf16, 1.05 and 1.26 c). Without
+# it a seeded γ "auto" priced short rounds too cheaply there and drafted γ 2 where γ 5 was 7 % faster (fp32,
+# benchmarks/results/xeon-2c-2026-12-05-results-gamma.md). Kinds not listed: 0 (not measured).
+DRAFT_ROUND_PRIOR = {"cpu-amx": 1.15}
+
+
+def draft_round_prior(device: str = "cpu") -> float:
+    """`DRAFT_ROUND_PRIOR` for a device type (a CPU resolved to its kind), in draft steps per round."""
+    return DRAFT_ROUND_PRIOR.get(_key(device), 0.0)
 
 
 # A verify pass over n positions, in one-token target passes, before a run has timed any: (n, t(n)) points,
@@ -129,7 +147,9 @@ VERIFY_CURVE_PRIOR = {
     # …-verify-width.md for 16–32): fp32's sgemm is cheap up to 3 rows, then jumps (4 positions 1.44); bf16 is flat
     # (1.10 at 5, 1.18 at 16), though its one-token step is 1.17x fp32's. Prepacked fp32 (oneDNN from 4 rows, MKL
     # below: its one-row product is 1.3x sgemv here) over the unpacked one-token step.
-    ("cpu-amx", "float32"): ((1, 1.0), (2, 1.02), (3, 1.07), (4, 1.44), (5, 1.50), (6, 1.55), (7, 1.71), (8, 1.79),
+    # fp32's 3–7 positions as decoding measured them (the verify passes of the two γ 2–6 runs that fitted
+    # `DRAFT_ROUND_PRIOR`: 1.09 / 1.14, 1.50 / 1.52, 1.54 / 1.67, 1.54 / 1.60, 1.74 / 1.79), a little dearer than alone.
+    ("cpu-amx", "float32"): ((1, 1.0), (2, 1.02), (3, 1.12), (4, 1.51), (5, 1.60), (6, 1.57), (7, 1.76), (8, 1.79),
                              (9, 1.84), (10, 1.97), (12, 2.06), (16, 2.05), (24, 2.27), (32, 2.44)),
     ("cpu-amx", "float32+prepack"): ((1, 1.0), (2, 1.02), (3, 1.07), (5, 1.51), (8, 1.69), (16, 1.97), (24, 2.26),
                                      (32, 2.44)),
@@ -164,12 +184,14 @@ class PriorModel(CostModel):
 
 
 def prior_model(c: float, device: str = "cpu", dtype: str = "float32") -> CostModel:
-    """A cost model fixed before decoding, in units of one target step: a draft step costs c (`draft_step_prior`),
-    the verify pass t(n) = `verify_prior(n)`, nothing outside forwards. What γ "auto" decides with in a seeded run
+    """A cost model fixed before decoding, in units of one target step: a draft step costs c (`draft_step_prior`)
+    and a round's drafting `draft_round_prior` · c more, the verify pass t(n) = `verify_prior(n)`, nothing outside
+    forwards. What γ "auto" decides with in a seeded run
     (`hfspec.decoding.gamma.AdaptiveGamma(profile=…)`)."""
     s = verify_slope_prior(device, dtype, "chain")
-    return PriorModel(step=1.0, verify_a=1.0 - s, verify_b=s, draft_a=0.0, draft_b=max(0.0, c), draft_zero=0.0,
-                      other_a=0.0, other_b=0.0, plain_other=0.0, source="prior fixed before decoding",
+    c = max(0.0, c)
+    return PriorModel(step=1.0, verify_a=1.0 - s, verify_b=s, draft_a=c * draft_round_prior(device), draft_b=c,
+                      draft_zero=0.0, other_a=0.0, other_b=0.0, plain_other=0.0, source="prior fixed before decoding",
                       device=device, dtype=dtype)
 
 

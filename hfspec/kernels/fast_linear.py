@@ -8,7 +8,9 @@ model such a copy and sends every call through it, one row too: on the 2-core AV
 oneDNN's one-row product took 0.72-0.79x MKL's sgemv at SmolLM2-1.7B's MLP shapes, and a whole SmolLM2-135M step
 0.87x, so plain decoding of a prepacked model is faster too, and its 5-position verify pass costs about one of
 its own steps (`benchmarks/bench_verify_width.py --dtypes float32+prepack`). Until then one-row calls had kept
-`F.linear` (MIN_ROWS 2). What the model computes changes only by float rounding (another summation order).
+`F.linear` (MIN_ROWS 2). On an Intel AMX CPU it is the other way round (oneDNN's one-row product 1.3x sgemv, MKL's
+2-3-row sgemm about one row), so there only calls of 4 rows or more take the prepacked weight (`min_rows`), and
+prepacking gains little. What the model computes changes only by float rounding (another summation order).
 
 The price is memory: a second fp32 copy of every linear weight (`prepack` returns the bytes it added), which is
 why it is opt-in: `hfspec.kernels.fast_linear.prepack(target)`, undone by `unprepack(target)`. bf16 / fp16 models are
