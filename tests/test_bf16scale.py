@@ -210,6 +210,25 @@ def test_on_an_avx2_cpu_the_advice_says_float32_not_bf16(monkeypatch):
         slow, baseline)
 
 
+def test_on_an_amx_cpu_the_advice_says_bf16_without_prepack(monkeypatch):
+    """On an Intel AMX CPU a bf16 verify pass is flat but prepacking fp32 gains little (oneDNN's one-row product is
+    slower than sgemv there): the advice names bfloat16 alone, in the CLI's and the dashboard's words."""
+    from hfspec.decoding.stats import SpecStats
+    from hfspec.measure import verify_cost
+    from hfspec.session import Baseline
+
+    baseline = Baseline(new_tokens=100, time_total=10.0)
+    slow = SpecStats(target_passes=40, time_target=40 * 0.16)  # an fp32 pass over 6 positions on AMX: 1.6x
+    monkeypatch.setenv("HFSPEC_CPU_KIND", "amx")
+    line = verify_cost.advice(slow, baseline)
+    assert "--dtype bfloat16" in line and "prepack" not in line and "compare tokens/s" in line
+    gui = verify_cost.advice(slow, baseline, switch="choosing bfloat16 in the Precision box (or ticking prepack)")
+    assert "Precision box" in gui and "prepack" not in gui
+    assert verify_cost.advice(slow, baseline, torch.bfloat16) is None
+    monkeypatch.setenv("HFSPEC_CPU_KIND", "avx512")  # the control: prepacking is offered there
+    assert "--prepack" in verify_cost.advice(slow, baseline)
+
+
 # ------------------------------------------------------------------------------------------------ fast fp32 linear
 @pytest.mark.skipif(not fast_linear.available(), reason="no oneDNN in this torch")
 def test_prepacked_linear_computes_f_linear_and_keeps_greedy_identity():

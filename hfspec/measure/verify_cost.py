@@ -57,7 +57,8 @@ CLI_SWITCH = "--dtype bfloat16 (or keep fp32 with --prepack: a second fp32 copy 
 def advice(stats, baseline, dtype=None, switch: str = CLI_SWITCH) -> str | None:
     """One line recommending bfloat16 when the verify pass costs over VERIFY_BOTTLENECK one-token steps, with the
     measured ratio; None otherwise. `dtype`: the target's, when known (a bf16 target gets no such advice).
-    `switch`: how to get bfloat16 where the line is read (the CLI's flag; the dashboard names its own control)."""
+    `switch`: how to get bfloat16 where the line is read (the CLI's flag; the dashboard names its own control), with
+    the fp32 alternative in parentheses (left out on an AMX CPU, where prepacking gains little)."""
     ratio = verify_ratio(stats, baseline)
     if ratio is None or ratio <= VERIFY_BOTTLENECK:
         return None
@@ -74,4 +75,7 @@ def advice(stats, baseline, dtype=None, switch: str = CLI_SWITCH) -> str | None:
     if avx2:
         return (head + limits + "and this one (AVX2) has no bfloat16 instructions either: keep float32, and prefer a "
                 "draft accepted often (int8) at a small γ")
+    if cpu_kind() == "cpu-amx":  # prepacking gains little there (hfspec.kernels.fast_linear): the bf16 switch alone
+        return (head + limits + "bfloat16 ones are not on this CPU (AMX), though its bfloat16 one-token step is "
+                f"slower: try {switch.split(' (')[0]} and compare tokens/s")
     return head + limits + f"bfloat16 ones are not: try {switch}"
