@@ -411,3 +411,33 @@ def test_amx_priors_price_short_rounds_fully_and_bf16_steps_dear(monkeypatch):
     assert priors.verify_prior(3, "cpu", "float32") == pytest.approx(1.91)
     assert priors.draft_step_prior(0.156, "cpu", "float32", "int4") == pytest.approx(0.156 * 0.97)
     assert fast_linear.min_rows() == 1
+
+
+def test_the_cpu_kind_is_read_from_torchs_capability_and_amx_tiles(monkeypatch):
+    """AVX2 dispatch gives "avx2" whatever else; AMX tiles on an AVX-512 CPU give "amx"; neither gives "avx512"
+    (the control); a torch without the AMX probe, or one that raises, is taken as AVX-512."""
+    from hfspec.kernels import cpu
+
+    def kind(capability: str, amx) -> str:
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+        if amx is None:
+            monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported", raising=False)
+        else:
+            monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", amx, raising=False)
+        cpu.detected_kind.cache_clear()
+        try:
+            return cpu.detected_kind()
+        finally:
+            cpu.detected_kind.cache_clear()
+
+    def broken():
+        raise RuntimeError("no cpuinfo")
+
+    assert kind("AVX2", lambda: True) == "avx2"
+    assert kind("AVX512", lambda: True) == "amx"
+    assert kind("AVX512", lambda: False) == "avx512"
+    assert kind("AVX512", None) == "avx512"
+    assert kind("AVX512", broken) == "avx512"
+    monkeypatch.delenv("HFSPEC_CPU_KIND", raising=False)
+    monkeypatch.setattr(cpu, "detected_kind", lambda: "amx")
+    assert cpu.cpu_kind() == "cpu-amx"
