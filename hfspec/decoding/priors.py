@@ -13,7 +13,7 @@ from hfspec.kernels.cpu import CPU_KIND_ENV, CPU_KINDS, cpu_kind  # noqa: F401 (
 # "cpu-avx2" rows, a 2-core AMD EPYC Zen 2 VM (no AVX-512: its int4 kernel costs nearly a row per row, its int8
 # kernel and fp32 sgemm differ too); "cpu-amx" rows, a 2-core Intel Xeon VM with AMX (5 December 2026). A table
 # without a row for the kind takes the "cpu" row.
-CPU_KIND_DEVICES = ("cpu", *(kind for kind in CPU_KINDS.values() if kind != "cpu"))
+CPU_KIND_DEVICES = tuple(CPU_KINDS.values())  # the device keys a CPU row may have
 
 
 def _key(device: str) -> str:
