@@ -111,7 +111,7 @@ class LeanDecoder(nn.Module):
     (input_ids, position_ids, attention_mask over all slots, cache, logits_to_keep) so the rest of hfspec
     drives it like any model; returns an object with `.logits` and `.cache`.
 
-    Rotary runs as one complex multiply over the query and key heads together: the rows of W_q and W_k are
+    Rotary runs as one rotation of pairs over the query and key heads together: the rows of W_q and W_k are
     permuted within each head so that HF's rotate-half pairs (i, i + D/2) sit side by side. Attention scores
     q·k do not change under the same permutation of both, so the model computes the same function.
 
@@ -189,7 +189,8 @@ class LeanDecoder(nn.Module):
         return step.path
 
     def _table(self, layer_type, upto: int) -> torch.Tensor:
-        """Complex rotary factors [P, R/2] for positions < P (P ≥ upto), per layer type."""
+        """Rotary factors [P, R/2, 2] (cos, sin) for positions < P (P ≥ upto), per layer type. Real, not complex:
+        inductor generates no code for complex operators (it calls eager kernels for them, one per layer)."""
         table = self._tables.get(layer_type)
         if table is None or table.shape[0] < upto:
             size = max(upto, min(self.max_positions, 2048), 2 * (table.shape[0] if table is not None else 0))
@@ -199,7 +200,7 @@ class LeanDecoder(nn.Module):
             with torch.no_grad():
                 cos, sin = (self._rotary(x, pos, layer_type) if "layer_type" in params else self._rotary(x, pos))
             half = cos.shape[-1] // 2
-            table = torch.complex(cos[0, :, :half].float(), sin[0, :, :half].float())
+            table = torch.stack([cos[0, :, :half].float(), sin[0, :, :half].float()], dim=-1)
             self._tables[layer_type] = table
         return table
 
@@ -256,7 +257,7 @@ class LeanDecoder(nn.Module):
                   keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
         """Logits [1, 1, V] of one token written at cache slot `slot` ([1] long, its position too: no holes),
         attending over every preallocated slot through a mask: the same shapes at every step, for
-        `torch.compile`. `tables`: `rotary_tables(n)`, the complex rotary factors per entry of `rope_types`."""
+        `torch.compile`. `tables`: `rotary_tables(n)`, the rotary factors (cos, sin) per entry of `rope_types`."""
         h = F.embedding(input_ids, self.embed_table).float()
         if self.embed_scale is not None:
             h = h * self.embed_scale
@@ -274,7 +275,7 @@ class LeanDecoder(nn.Module):
         return self._logits_of(h)
 
     def rotary_tables(self, positions: int) -> list[torch.Tensor]:
-        """Complex rotary factors [≥ positions, R/2] per entry of `rope_types`."""
+        """Rotary factors [≥ positions, R/2, 2] (cos, sin) per entry of `rope_types`."""
         return [self._table(kind, positions) for kind in self.rope_types]
 
     def _logits_of(self, h: torch.Tensor) -> torch.Tensor:
