@@ -8,7 +8,7 @@ Three parts, per model:
    at 1, 2, 4, 8 and 16 activation rows, per kernel: fp32 and bf16 `F.linear`, `aten._weight_int8pack_mm` (what
    `int8` runs: int8 weights, bf16 activations), fbgemm's dynamic W8A8 `quantized.linear_dynamic` (int8 weights,
    activations quantised to 8 bits per call) and `aten._weight_int4pack_mm_for_cpu` (what `rtn4`/`gptq4` run).
-   Median milliseconds of `--rounds` interleaved rounds (the kernel order rotating), and the cost of one more row
+   Median milliseconds over `--rounds` interleaved rounds (`common.time_operators`), and the cost of one more row
    as a share of a one-row call (the slope from 1 to 8 rows: what a token-tree level pays per node).
 2. **Fidelity** (timing-free): mean Σ min(p, q) against the target on text it wrote itself (4 × 128 tokens,
    seed 1000) of copies whose decoder linears are fake-quantised: per-row int8 weights with float activations
@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import copy
 import os
-import time
 import warnings
-from statistics import median
 
 import torch
 import torch.nn.functional as F
-from common import load, model_folders, parser, write_results
+from common import load, model_folders, op_ms, parser, time_operators, write_results
 
 from hfspec.drafts import fidelity
 from hfspec.quant.calibrate import self_samples
@@ -69,7 +67,7 @@ def _call(kernel: str, m: dict, x: torch.Tensor, xb: torch.Tensor):
 
 
 def kernels(config, rounds: int) -> dict:
-    """{kernel: {rows: median ms}} for one decoder body's products."""
+    """{kernel: {rows: median ms}} for one decoder body's products, timed by the benchmarks' operator timer."""
     g = torch.Generator().manual_seed(0)
     hidden, inter = config.hidden_size, config.intermediate_size
     kv = config.num_key_value_heads * (hidden // config.num_attention_heads)
@@ -78,18 +76,14 @@ def kernels(config, rounds: int) -> dict:
     mats = [_matrix(n, k, g) for _ in range(config.num_hidden_layers) for n, k in shapes]
     out: dict = {}
     for rows in ROWS:
-        inputs = {k: (torch.randn(rows, k, generator=g), None) for k in {hidden, inter}}
-        inputs = {k: (x, x.bfloat16()) for k, (x, _) in inputs.items()}
-        times: dict = {name: [] for name in KERNELS}
-        for r in range(rounds + 2):
-            for name in KERNELS[r % len(KERNELS):] + KERNELS[:r % len(KERNELS)]:
-                start = time.perf_counter()
-                for m in mats:
-                    _call(name, m, *inputs[m["k"]])
-                if r >= 2:  # two warm-up rounds
-                    times[name].append((time.perf_counter() - start) * 1e3)
+        inputs = {k: torch.randn(rows, k, generator=g) for k in {hidden, inter}}
+        inputs = {k: (x, x.bfloat16()) for k, x in inputs.items()}
+
+        def body(name, inputs=inputs):
+            return lambda: [_call(name, m, *inputs[m["k"]]) for m in mats]
+        timings = time_operators({name: body(name) for name in KERNELS}, rounds)
         for name in KERNELS:
-            out.setdefault(name, {})[rows] = median(times[name])
+            out.setdefault(name, {})[rows] = op_ms(timings, name).median
     return out
 
 

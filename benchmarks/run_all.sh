@@ -62,6 +62,7 @@ run head python bench_head.py --models micro,smollm2 --smollm2 "$SMOLLM2" --repe
 run wrapper env HFSPEC_COMPILE_DIR="$TMP/compile" python bench_wrapper.py --models micro,smollm2 --smollm2 "$SMOLLM2" --repeats 3
 run int8 python bench_int8.py --models micro,smollm2-offgrid --smollm2-offgrid "$OFFGRID" --dtypes float32,bfloat16 \
     --drafts rtn4,rtn8,int8 --steps 30
+run w8a8 python bench_w8a8.py --models smollm2-offgrid --smollm2-offgrid "$OFFGRID"
 run tokens python bench_tokens.py --smollm2 "$SMOLLM2"
 run sibling python bench_sibling.py --pairs micro-nano,smollm2-360m/135m --repeats 5
 run scale python bench_scale.py --shapes smollm2-135m --dtypes bf16 --quick --out ''  # results/scale.* stay the full run's
