@@ -30,20 +30,16 @@ import torch.nn.functional as F
 from common import load, model_folders, op_ms, parser, time_operators, write_results
 
 from hfspec.drafts import fidelity
+from hfspec.quant import int8
 from hfspec.quant.calibrate import self_samples
 
 ROWS = (1, 2, 4, 8, 16)
 KERNELS = ("fp32", "bf16", "w8a16", "w8a8 fbgemm", "int4 g32")
 
 
-def _per_row_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    scale = w.abs().amax(1).clamp_min(1e-12) / 127
-    return torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8), scale
-
-
 def _matrix(n: int, k: int, g: torch.Generator) -> dict:
     w = torch.randn(n, k, generator=g) * 0.02
-    codes, scale = _per_row_int8(w)
+    codes, scale = int8.quantize_rows(w)
     with warnings.catch_warnings():  # quantised tensors are deprecated in torch 2.13; fbgemm's packing still takes them
         warnings.simplefilter("ignore")
         q = torch.quantize_per_channel(w, scale.double(), torch.zeros(n, dtype=torch.long), 0, torch.qint8)
@@ -93,8 +89,8 @@ class _FakeQuant(torch.nn.Module):
 
     def __init__(self, lin: torch.nn.Linear, s: torch.Tensor, act: bool):
         super().__init__()
-        codes, scale = _per_row_int8(lin.weight.detach().float() * s[None, :])
-        self.w, self.s, self.act, self.bias = codes.float() * scale[:, None], s, act, lin.bias
+        codes, scale = int8.quantize_rows(lin.weight.detach().float() * s[None, :])
+        self.w, self.s, self.act, self.bias = int8.dequantize(codes, scale), s, act, lin.bias
 
     def forward(self, x):
         x = x / self.s
@@ -144,7 +140,7 @@ def fidelities(target) -> list[tuple[str, float]]:
 
 def compiles() -> str:
     w = torch.randn(64, 64)
-    codes, scale = _per_row_int8(w)
+    codes, scale = int8.quantize_rows(w)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         q = torch.quantize_per_channel(w, scale.double(), torch.zeros(64, dtype=torch.long), 0, torch.qint8)
