@@ -8,10 +8,14 @@ Steps are timed by the benchmarks' one operator timer (`common.time_operators`: 
 warm-up rounds not counted, outliers re-measured). Reported per width: median ms, the median per-round ratio to
 the one-token step with its interval, and the slope (ratio − 1) / (w − 1): the marginal cost of one more position
 in one-token steps. A dtype written `float32+prepack` is fp32 with `hfspec.kernels.fast_linear.prepack` (oneDNN's
-blocked copy of every linear weight for calls of two rows or more; the one-token step is unchanged).
+blocked copy of every linear weight for calls of two rows or more; the one-token step is unchanged), and
+`float32+rows` is fp32 with its linears routed through the few-row kernel (`hfspec.kernels.verify_linear`, as a
+speculative decode runs them; one-row calls keep F.linear).
 """
 
 from __future__ import annotations
+
+from contextlib import nullcontext
 
 import torch
 from bench_steps import step_timer
@@ -27,11 +31,13 @@ from common import (
     write_results,
 )
 
+from hfspec.kernels import verify_linear
+
 
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
     p.set_defaults(models="smollm2-offgrid")
-    p.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated; float32+prepack: fp32 prepacked")
+    p.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated; float32+prepack: fp32 prepacked; float32+rows: the few-row kernel")
     p.add_argument("--widths", default="1,2,5,8,16,24,32")
     p.add_argument("--context", type=int, default=64)
     p.add_argument("--steps", type=int, default=30)
@@ -50,7 +56,10 @@ def main() -> None:
             ids = torch.randint(0, target.config.vocab_size, (1, args.context + max(widths)),
                                 generator=torch.Generator().manual_seed(0))
             timers = {f"w{w}": step_timer(target, ids, args.context, w) for w in widths}
-            timings = time_operators(timers, args.steps, baseline="w1")
+            with verify_linear.installed(target) if dtype.endswith("+rows") else nullcontext() as routed:
+                if dtype.endswith("+rows") and not routed:
+                    raise SystemExit(f"float32+rows: {verify_linear.status()}")
+                timings = time_operators(timers, args.steps, baseline="w1")
             verdict = verdict_cell(verdict_columns(timings))
             for w in widths:
                 ratio = time_ratio(timings, f"w{w}", "w1") if w > 1 else None

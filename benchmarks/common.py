@@ -55,14 +55,15 @@ def model_folders(args) -> dict[str, Path]:
 
 def load(path: Path, dtype: str = "float32"):
     """(model, tokenizer); a dtype written `float32+prepack` is fp32 with `hfspec.kernels.fast_linear.prepack`
-    (oneDNN's blocked copy of every linear weight)."""
+    (oneDNN's blocked copy of every linear weight); `float32+rows` is plain fp32 (the caller routes its linears
+    through `hfspec.kernels.verify_linear.installed`)."""
     import torch
 
     from hfspec.io.loading import load_model, load_tokenizer
     from hfspec.kernels import fast_linear
 
     torch.manual_seed(0)
-    model = load_model(str(path), dtype=dtype.removesuffix("+prepack"), progress=False)
+    model = load_model(str(path), dtype=dtype.split("+")[0], progress=False)
     if dtype.endswith("+prepack"):
         fast_linear.prepack(model)
     return model, load_tokenizer(str(path))

@@ -30,7 +30,7 @@ from hfspec.decoding.verifier import Verifier
 from hfspec.drafts import make_draft as _make_draft
 from hfspec.drafts import weight_bytes as draft_weight_bytes
 from hfspec.drafts.base import NoDraft, as_draft
-from hfspec.kernels import fast_linear
+from hfspec.kernels import fast_linear, verify_linear
 
 
 @dataclass
@@ -218,7 +218,8 @@ def _fidelity(draft) -> float | None:
 @dataclass(frozen=True)
 class _Prices:
     """What a seeded run's priors are looked up by: the device type, the target's dtype ("+prepack" when its
-    linears are oneDNN-prepacked, `hfspec.kernels.fast_linear`: a cheaper step and a flatter verify curve) and what
+    linears are oneDNN-prepacked, `hfspec.kernels.fast_linear`: a cheaper step and a flatter verify curve; "+rows"
+    when its verify passes run the few-row kernel, `hfspec.kernels.verify_linear`) and what
     holds most of the draft's weights ("int4", "int8", a float dtype; "" for a draft that is not a model)."""
 
     device: str = "cpu"
@@ -227,8 +228,12 @@ class _Prices:
 
     @classmethod
     def of(cls, target, draft, stats: SpecStats, device) -> _Prices:
-        packed = stats.target_dtype == "float32" and fast_linear.prepacked_bytes(target) > 0
-        return cls(torch.device(device).type, stats.target_dtype + ("+prepack" if packed else ""), _storage(draft))
+        dtype = stats.target_dtype
+        if dtype == "float32" and fast_linear.prepacked_bytes(target) > 0:
+            dtype += "+prepack"
+        elif dtype == "float32" and draft is not None and verify_linear.active_for(target):
+            dtype += "+rows"
+        return cls(torch.device(device).type, dtype, _storage(draft))
 
     def c(self, stats: SpecStats) -> float:
         """A draft step's cost in target steps, fixed before decoding: the bytes ratio scaled for the device, the

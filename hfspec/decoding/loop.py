@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -26,6 +27,7 @@ from hfspec.decoding.stats import RoundEvent, SpecStats
 from hfspec.decoding.stopping import Stopper
 from hfspec.decoding.verifier import Verifier
 from hfspec.drafts.base import Draft, NoDraft, attach_draft
+from hfspec.kernels import verify_linear
 from hfspec.kernels.kv_model import CachedModel, Runner
 from hfspec.kernels.slots import Slots
 
@@ -61,19 +63,21 @@ class DecodeJob:
 
 def decode(target: torch.nn.Module, draft: Draft | None, input_ids: torch.Tensor,
            attention_mask: torch.Tensor | None, job: DecodeJob) -> DecodeResult:
-    """Generate until every row stops. `draft`: a `Draft` (see `hfspec.drafts.base`); None decodes plainly."""
-    run = Run(target, draft, input_ids, attention_mask, job)
-    while run.active:
-        if run.user_stopped():
-            break
-        run.meter.begin(len(run.active))
-        before = sum(map(len, run.out))
-        proposal, verdict = job.verifier.propose_and_verify(run)
-        done = commit(run, proposal, verdict)
-        settle(run, proposal, verdict, done)
-        # the round's costs, for `hfspec.decoding.costmodel`, and the tokens it committed
-        run.meter.end(proposal.gamma, sum(done.accepted), max(0, sum(map(len, run.out)) - before))
-    return run.finish()
+    """Generate until every row stops. `draft`: a `Draft` (see `hfspec.drafts.base`); None decodes plainly.
+    A speculative decode's fp32 verify passes run the few-row kernel where it is on (`hfspec.kernels.verify_linear`)."""
+    with verify_linear.installed(target) if draft is not None and not isinstance(draft, NoDraft) else nullcontext():
+        run = Run(target, draft, input_ids, attention_mask, job)
+        while run.active:
+            if run.user_stopped():
+                break
+            run.meter.begin(len(run.active))
+            before = sum(map(len, run.out))
+            proposal, verdict = job.verifier.propose_and_verify(run)
+            done = commit(run, proposal, verdict)
+            settle(run, proposal, verdict, done)
+            # the round's costs, for `hfspec.decoding.costmodel`, and the tokens it committed
+            run.meter.end(proposal.gamma, sum(done.accepted), max(0, sum(map(len, run.out)) - before))
+        return run.finish()
 
 
 class Run:

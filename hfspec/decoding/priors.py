@@ -39,6 +39,9 @@ VERIFY_SLOPE_PRIOR = {("cpu", "float32"): {"chain": 0.125, "tree": 0.05},
                       # 0.125 a position at 5 (but 3 positions cost 1.07), 0.07 at 16; bf16 0.025 at 5, 0.012 at 16
                       ("cpu-amx", "float32"): {"chain": 0.125, "tree": 0.07},
                       ("cpu-amx", "float32+prepack"): {"chain": 0.125, "tree": 0.065},
+                      # fp32 through the few-row kernel (`hfspec.kernels.verify_linear`; …-verify-width-rows.md):
+                      # 0.05 a position at 5, 0.033 at 16
+                      ("cpu-amx", "float32+rows"): {"chain": 0.05, "tree": 0.033},
                       ("cpu-amx", "bfloat16"): {"chain": 0.025, "tree": 0.012},
                       ("cpu-amx", "float16"): {"chain": 0.025, "tree": 0.012},
                       ("other", ""): {"chain": 0.005, "tree": 0.005}}
@@ -92,6 +95,8 @@ DRAFT_STEP_PRIOR = {("cpu", "float32"): {"int4": 0.97, "int8": 1.2, "other": 1.0
                     # rtn8's are their steps timed alone × int4's decoding / alone ratio (0.75 fp32, 0.81 bf16).
                     ("cpu-amx", "float32"): {"int4": 1.35, "int8": 1.29, "other": 1.44},
                     ("cpu-amx", "float32+prepack"): {"int4": 1.35, "int8": 1.29, "other": 1.44},
+                    # the few-row kernel leaves the one-token target step (and so c) as it was
+                    ("cpu-amx", "float32+rows"): {"int4": 1.35, "int8": 1.29, "other": 1.44},
                     ("cpu-amx", "bfloat16"): {"int4": 0.61, "int8": 0.60, "other": 0.64},
                     ("other", ""): {"other": 1.0}}
 
@@ -153,6 +158,11 @@ VERIFY_CURVE_PRIOR = {
                              (9, 1.84), (10, 1.97), (12, 2.06), (16, 2.05), (24, 2.27), (32, 2.44)),
     ("cpu-amx", "float32+prepack"): ((1, 1.0), (2, 1.02), (3, 1.07), (5, 1.51), (8, 1.69), (16, 1.97), (24, 2.26),
                                      (32, 2.44)),
+    # fp32 with its 2-16-row linears through the few-row kernel (`hfspec.kernels.verify_linear`, which a speculative
+    # decode uses on this kind; benchmarks/results/xeon-2c-2026-12-05-verify-width-rows.md, every point within ±3 %):
+    # 5 positions 1.22 against sgemm's 1.56, 16 positions 1.50 against 1.98; past 16 rows F.linear again
+    ("cpu-amx", "float32+rows"): ((1, 1.0), (2, 1.05), (3, 1.13), (4, 1.14), (5, 1.22), (6, 1.23), (7, 1.26), (8, 1.29),
+                                  (9, 1.32), (10, 1.33), (12, 1.37), (16, 1.50), (24, 2.18), (32, 2.31)),
     ("cpu-amx", "bfloat16"): ((1, 1.0), (2, 1.07), (5, 1.10), (8, 1.12), (12, 1.15), (16, 1.18), (24, 1.26),
                               (32, 1.29)),
     ("cpu-avx2", "bfloat16"): ((1, 1.0), (2, 1.44), (3, 1.88), (4, 2.31), (5, 2.77), (6, 3.20), (7, 3.66), (8, 4.10),

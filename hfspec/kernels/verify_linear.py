@@ -1,0 +1,255 @@
+"""An fp32 verify pass for about the price of a one-token step, with no second copy of the weights: the target's
+linears over the 2-16 rows of a verify pass run a small AVX-512 kernel (`rows_kernel.c`) that reads each weight
+row once for all the rows.
+
+Why: torch's fp32 `F.linear` runs MKL, sgemv for one row and sgemm for more, and on the 2-core Intel AMX Xeon VM
+sgemm over 4-16 rows costs 1.7-2.3x the one-row product at SmolLM2-135M's shapes (it repacks the weight at every
+call), which made a chain's verify pass of 5 positions cost 1.6 one-token steps and decided fp32's speed-up
+(`hfspec.kernels.fast_linear` avoids the repacking with a oneDNN copy of every weight, twice the memory, and gains
+little there). This kernel multiplies each 16-float slice of a weight row into one accumulator per input row and
+prefetches two weight rows ahead, so memory reads and arithmetic overlap: over SmolLM2-135M's linears and head,
+6 rows cost 1.17x one row against MKL's 1.94x (`benchmarks/bench_verify_width.py --dtypes float32+rows` measures
+the whole verify pass). What the target computes changes only by float rounding (another summation order), as
+with any BLAS; one-row calls, prefill and half-precision models keep `F.linear`.
+
+It is compiled once per machine with the C compiler on PATH (`cc`, or `$CC`) into `~/.cache/hfspec/kernels` (or
+`$HFSPEC_KERNEL_DIR`) under a key of its source, the compiler, the flags and the CPU, written to a temporary file
+and renamed into place (a build killed midway or out of disk leaves nothing to load), checked against `F.linear`
+before first use, and rebuilt once if the library will not load. Where it cannot be built or checked (no
+compiler, no AVX-512, an unusable folder) the verify pass keeps `F.linear` and `status()` says why.
+
+`$HFSPEC_ROWS_KERNEL`: "auto" (the default) uses it on the CPU kinds where it was measured faster (`ON_BY_KIND`),
+"on" wherever it builds, "off" nowhere. The decoding loop routes a target's linears through it for the length of a
+speculative decode (`installed`) and restores them after.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import threading
+import types
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hfspec.errors import bad_value
+from hfspec.kernels.cpu import cpu_kind
+
+SOURCE = Path(__file__).with_name("rows_kernel.c")
+KERNEL_DIR_ENV = "HFSPEC_KERNEL_DIR"
+MODE_ENV = "HFSPEC_ROWS_KERNEL"
+MODES = ("auto", "on", "off")
+MIN_ROWS, MAX_ROWS = 2, 16  # calls with this many rows take the kernel; one row stays MKL's sgemv
+# CPU kinds (`hfspec.kernels.cpu`) where "auto" uses it: where a verify pass was measured cheaper with it
+# (the AMX Xeon, 5 December 2026, benchmarks/results/xeon-2c-2026-12-05-verify-width-rows.md)
+ON_BY_KIND = frozenset({"cpu-amx"})
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+BUILD_TIMEOUT = 120  # seconds
+
+_lock = threading.Lock()
+_built: tuple[object | None, str] | None = None  # (the C function or None, what runs and why)
+
+
+def kernel_dir() -> Path:
+    return Path(os.environ.get(KERNEL_DIR_ENV) or Path.home() / ".cache" / "hfspec" / "kernels")
+
+
+def mode() -> str:
+    """`$HFSPEC_ROWS_KERNEL` ("auto" when unset); another value is refused by name."""
+    value = os.environ.get(MODE_ENV, "") or "auto"
+    if value not in MODES:
+        raise bad_value(MODE_ENV, value, "auto, on or off")
+    return value
+
+
+def wanted() -> bool:
+    """Whether this machine's verify passes should use the kernel (`mode` and the CPU kind; built or not)."""
+    chosen = mode()
+    return chosen == "on" or (chosen == "auto" and cpu_kind() in ON_BY_KIND)
+
+
+def kernel():
+    """The kernel's C function, built or loaded on first use; None where it cannot be (`status` says why)."""
+    global _built
+    with _lock:
+        if _built is None:
+            _built = _build()
+        return _built[0]
+
+
+def status() -> str:
+    """What a verify pass's fp32 linears run here: the kernel and where it lives, or F.linear and why."""
+    if not wanted():
+        return f"F.linear (the few-row kernel is off: {MODE_ENV}={mode()}, CPU kind {cpu_kind()})"
+    fn = kernel()
+    return _built[1] if fn is not None else f"F.linear ({_built[1]})"
+
+
+def reset() -> None:
+    """Forget the built kernel, so that the next use builds or loads it again (tests, a changed folder)."""
+    global _built
+    with _lock:
+        _built = None
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias) for fp32 CPU tensors through the kernel when x has MIN_ROWS..MAX_ROWS rows, the
+    kernel is built and nothing needs a gradient; F.linear otherwise."""
+    rows = x.numel() // weight.shape[1] if x.dim() and weight.dim() == 2 else 0
+    fn = _built[0] if _built is not None else None
+    if (fn is None or not MIN_ROWS <= rows <= MAX_ROWS or x.dtype != torch.float32 or weight.dtype != torch.float32
+            or x.device.type != "cpu" or weight.device.type != "cpu" or not weight.is_contiguous()
+            or (bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()))
+            or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
+        return F.linear(x, weight, bias)
+    n, k = weight.shape
+    x2 = x.reshape(rows, k).contiguous()
+    y = torch.empty(rows, n, dtype=torch.float32)
+    fn(x2.data_ptr(), weight.data_ptr(), bias.data_ptr() if bias is not None else None, y.data_ptr(), rows, n, k,
+       torch.get_num_threads())
+    return y.view(*x.shape[:-1], n)
+
+
+def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return linear(x, self.weight, self.bias)
+
+
+def routable(module: nn.Module) -> bool:
+    """A plain fp32 CPU `nn.Linear` whose forward nobody has replaced (not prepacked, no accelerate hook)."""
+    return (type(module) is nn.Linear and "forward" not in module.__dict__ and module.weight.dtype == torch.float32
+            and module.weight.device.type == "cpu")
+
+
+def active_for(model: nn.Module) -> bool:
+    """Whether `installed(model)` would route any of the model's linears through a built kernel."""
+    return wanted() and any(routable(m) for m in model.modules()) and kernel() is not None
+
+
+@contextmanager
+def installed(model: nn.Module) -> Iterator[int]:
+    """Route `model`'s plain fp32 CPU linears through `linear` inside the block (where `wanted` and built; yields
+    how many), restoring each forward after. Modules another path already owns are left alone, so blocks nest."""
+    if not wanted() or kernel() is None:
+        yield 0
+        return
+    modules = [module for module in model.modules() if routable(module)]
+    for module in modules:
+        module.__dict__["forward"] = types.MethodType(_forward, module)
+    try:
+        yield len(modules)
+    finally:
+        for module in modules:
+            module.__dict__.pop("forward", None)
+
+
+def _build() -> tuple[object | None, str]:
+    """Compile (or find compiled) and load the kernel, then check it against F.linear: (function, description) or
+    (None, why not)."""
+    if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
+        return None, f"the few-row kernel is built for x86-64 Linux only, not {platform.system()} {platform.machine()}"
+    capability = torch.backends.cpu.get_cpu_capability().lower()
+    if "avx512" not in capability:
+        return None, f"the few-row kernel needs AVX-512 (this CPU: {capability})"
+    compiler = _compiler()
+    if compiler is None:
+        return None, "no C compiler (cc or $CC) on PATH to build the few-row kernel"
+    flags = _flags()
+    try:
+        library = _library(compiler, flags)
+        try:
+            loaded = ctypes.CDLL(str(library))
+        except OSError:  # a damaged file: build it again, once
+            library.unlink(missing_ok=True)
+            library = _library(compiler, flags)
+            loaded = ctypes.CDLL(str(library))
+    except (OSError, subprocess.SubprocessError) as error:
+        return None, f"the few-row kernel could not be built: {_first_line(error)}"
+    fn = loaded.hfspec_rows_linear
+    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    fn.restype = ctypes.c_int
+    wrong = _check(fn)
+    if wrong:
+        return None, f"the few-row kernel was built but disagrees with F.linear ({wrong})"
+    return fn, f"few-row kernel (AVX-512, {MIN_ROWS}-{MAX_ROWS} rows; {library})"
+
+
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc")
+
+
+def _flags() -> list[str]:
+    return list(FLAGS) + _openmp_link()
+
+
+def _library(compiler: str, flags: list[str]) -> Path:
+    """The compiled library's path, compiling it first if it is not in the folder (temporary file, then rename)."""
+    source = SOURCE.read_bytes()
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256(b"\0".join([source, version.encode(), " ".join(flags).encode(), _cpu_id().encode()]))
+    folder = kernel_dir()
+    library = folder / f"rows-{key.hexdigest()[:20]}.so"
+    if library.exists():
+        return library
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = folder / f".{library.name}.{os.getpid()}.tmp"
+    try:
+        done = subprocess.run([compiler, str(SOURCE), "-o", str(partial), *flags], capture_output=True, text=True,
+                              timeout=BUILD_TIMEOUT)
+        if done.returncode != 0:
+            raise OSError(f"{Path(compiler).name} failed: {(done.stderr or done.stdout).strip()[:300]}")
+        os.replace(partial, library)
+    finally:
+        partial.unlink(missing_ok=True)
+    return library
+
+
+def _openmp_link() -> list[str]:
+    """Link against torch's own OpenMP runtime where it ships one, so that both share one thread pool."""
+    found = sorted(glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libgomp*.so*")))
+    if not found:
+        return []
+    return [f"-L{os.path.dirname(found[0])}", f"-l:{os.path.basename(found[0])}",
+            f"-Wl,-rpath,{os.path.dirname(found[0])}"]
+
+
+def _cpu_id() -> str:
+    """What `-march=native` compiles for: the CPU's model name and flags."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor()
+    lines = [line for line in text.splitlines() if line.startswith(("model name", "flags"))]
+    return "\n".join(sorted(set(lines)))
+
+
+def _check(fn) -> str:
+    """'' when the kernel computes F.linear on every row count, ragged K and with and without a bias, else what
+    differed."""
+    generator = torch.Generator().manual_seed(0)
+    for k, n, bias in ((37, 70, True), (64, 129, False), (576, 96, True)):
+        w = torch.randn(n, k, generator=generator)
+        b = torch.randn(n, generator=generator) if bias else None
+        for rows in range(1, MAX_ROWS + 1):
+            x = torch.randn(rows, k, generator=generator)
+            y = torch.empty(rows, n)
+            if fn(x.data_ptr(), w.data_ptr(), b.data_ptr() if b is not None else None, y.data_ptr(), rows, n, k, 2):
+                return f"refused {rows} rows"
+            want = F.linear(x, w, b)
+            if not torch.allclose(y, want, rtol=1e-4, atol=1e-4):
+                return f"{rows} rows, K {k}: off by {(y - want).abs().max().item():.2e}"
+    return ""
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0][:200]}" if text else type(error).__name__

@@ -1,0 +1,162 @@
+"""The few-row fp32 kernel of the verify pass (`hfspec.kernels.verify_linear`): F.linear's values on every row
+count it takes, the target's greedy text through a real speculative decode, linears routed only inside a decode
+and restored after, and every way it cannot be built (no compiler, an unusable folder, a damaged library) leaving
+F.linear in place with the reason, never a broken file."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tiny_models import build, perturbed
+
+import hfspec
+from hfspec.errors import HfspecError
+from hfspec.kernels import fast_linear, verify_linear
+
+
+@pytest.fixture
+def kernel_env(tmp_path, monkeypatch):
+    """The kernel on, built in a folder of this test's own; the process's built kernel forgotten before and after."""
+    monkeypatch.setenv(verify_linear.MODE_ENV, "on")
+    monkeypatch.setenv(verify_linear.KERNEL_DIR_ENV, str(tmp_path / "kernels"))
+    verify_linear.reset()
+    yield tmp_path / "kernels"
+    verify_linear.reset()
+
+
+def _buildable() -> str:
+    """'' where this machine can build the kernel, else why not (the tests needing it skip with that reason)."""
+    if "avx512" not in torch.backends.cpu.get_cpu_capability().lower():
+        return "the few-row kernel needs AVX-512"
+    if os.uname().machine != "x86_64":
+        return "the few-row kernel is built for x86-64 only"
+    return ""
+
+
+needs_kernel = pytest.mark.skipif(bool(_buildable()), reason=_buildable() or "buildable")
+
+
+@needs_kernel
+def test_the_kernel_computes_f_linear_on_every_row_count(kernel_env):
+    assert verify_linear.kernel() is not None, verify_linear.status()
+    assert "few-row kernel" in verify_linear.status() and str(kernel_env) in verify_linear.status()
+    generator = torch.Generator().manual_seed(3)
+    for k, n in ((576, 200), (41, 33), (1536, 96)):
+        w = torch.randn(n, k, generator=generator)
+        b = torch.randn(n, generator=generator)
+        for rows in range(1, 20):
+            x = torch.randn(1, rows, k, generator=generator)
+            for bias in (None, b):
+                got, want = verify_linear.linear(x, w, bias), F.linear(x, w, bias)
+                assert got.shape == want.shape == (1, rows, n)
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    # negative control: a wrong weight must not pass the same comparison
+    x = torch.randn(4, 576, generator=generator)
+    w = torch.randn(64, 576, generator=generator)
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(verify_linear.linear(x, w), F.linear(x, w.flip(0)), rtol=1e-4, atol=1e-4)
+
+
+@needs_kernel
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "opt"])
+def test_greedy_text_through_the_kernel_is_the_targets(kernel_env, monkeypatch, arch):
+    target = build(arch, init=0.2)
+    draft = perturbed(target, scale=0.5)
+    ids = torch.tensor([[0, 5, 17, 33, 9]])
+    expected = target.generate(ids, do_sample=False, max_new_tokens=120, min_new_tokens=120)
+    calls = {"kernel": 0}
+    original = verify_linear.linear
+
+    def counted(x, weight, bias=None):
+        rows = x.numel() // weight.shape[1]
+        calls["kernel"] += verify_linear.MIN_ROWS <= rows <= verify_linear.MAX_ROWS
+        return original(x, weight, bias)
+
+    monkeypatch.setattr(verify_linear, "linear", counted)
+    out = hfspec.generate(target, ids, draft=draft, gamma=4, temperature=0, max_new_tokens=120, min_new_tokens=120)
+    assert torch.equal(out.sequences, expected)
+    assert calls["kernel"] > 0, "the verify passes must have gone through the kernel"
+    assert 0 < out.stats.accepted < out.stats.checked  # real rejections, so rollbacks were exercised too
+    assert all("forward" not in m.__dict__ for m in target.modules()), "every linear restored after the decode"
+
+
+def test_linears_are_routed_only_inside_the_block(kernel_env):
+    if _buildable():
+        pytest.skip(_buildable())
+    target = build("llama")
+    linears = [m for m in target.modules() if isinstance(m, torch.nn.Linear)]
+    with verify_linear.installed(target) as routed:
+        assert routed == len(linears) > 0
+        assert all("forward" in m.__dict__ for m in linears)
+        with verify_linear.installed(target) as inner:  # nested: the outer block owns them
+            assert inner == 0
+        assert all("forward" in m.__dict__ for m in linears)
+    assert all("forward" not in m.__dict__ for m in linears)
+    with verify_linear.installed(target.to(torch.bfloat16)) as routed:
+        assert routed == 0  # half precision keeps F.linear
+
+
+def test_a_prepacked_target_keeps_its_own_path(kernel_env):
+    if _buildable() or not fast_linear.available():
+        pytest.skip(_buildable() or "no oneDNN prepacked linear in this torch")
+    target = build("llama")
+    fast_linear.prepack(target)
+    with verify_linear.installed(target) as routed:
+        assert routed == 0
+    fast_linear.unprepack(target)
+
+
+def test_off_and_a_bad_mode(kernel_env, monkeypatch):
+    target = build("llama")
+    monkeypatch.setenv(verify_linear.MODE_ENV, "off")
+    with verify_linear.installed(target) as routed:
+        assert routed == 0
+    assert "off" in verify_linear.status()
+    monkeypatch.setenv(verify_linear.MODE_ENV, "fast")
+    with pytest.raises(HfspecError, match="HFSPEC_ROWS_KERNEL.*fast.*auto, on or off"):
+        verify_linear.status()
+
+
+def test_a_compiler_that_fails_leaves_f_linear_and_no_file(kernel_env, monkeypatch, tmp_path):
+    if _buildable():
+        pytest.skip(_buildable())
+    broken = tmp_path / "cc"
+    broken.write_text("#!/bin/sh\necho 'cc: internal error' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("CC", str(broken))
+    assert verify_linear.kernel() is None
+    assert "could not be built" in verify_linear.status() and "internal error" in verify_linear.status()
+    assert not list(kernel_env.glob("*")), "a failed build leaves nothing behind"
+    target = build("llama")
+    with verify_linear.installed(target) as routed:
+        assert routed == 0
+    expected = target.generate(torch.tensor([[0, 5, 17]]), do_sample=False, max_new_tokens=20)
+    out = hfspec.generate(target, torch.tensor([[0, 5, 17]]), draft=perturbed(target, 0.5), gamma=3, temperature=0,
+                          max_new_tokens=20)
+    assert torch.equal(out.sequences, expected)
+
+
+def test_an_unusable_folder_is_reported_and_left_alone(kernel_env, monkeypatch, tmp_path):
+    if _buildable():
+        pytest.skip(_buildable())
+    blocker = tmp_path / "a-file"
+    blocker.write_text("mine")
+    monkeypatch.setenv(verify_linear.KERNEL_DIR_ENV, str(blocker))
+    assert verify_linear.kernel() is None
+    assert "could not be built" in verify_linear.status()
+    assert blocker.read_text() == "mine"
+
+
+@needs_kernel
+def test_a_damaged_library_is_rebuilt(kernel_env):
+    # built but not loaded by this process (a loaded path would be served from memory), then cut short, as a
+    # copy or a disk that filled up would leave it
+    library = verify_linear._library(verify_linear._compiler(), verify_linear._flags())
+    library.write_bytes(library.read_bytes()[:100])
+    assert verify_linear.kernel() is not None, verify_linear.status()
+    assert library.stat().st_size > 100
+    x, w = torch.randn(3, 40), torch.randn(50, 40)
+    torch.testing.assert_close(verify_linear.linear(x, w), F.linear(x, w), rtol=1e-4, atol=1e-4)
