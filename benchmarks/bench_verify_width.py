@@ -37,7 +37,7 @@ from hfspec.kernels import verify_linear
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
     p.set_defaults(models="smollm2-offgrid")
-    p.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated; float32+prepack: fp32 prepacked; float32+rows: the few-row kernel")
+    p.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated; float32+prepack: fp32 prepacked; float32+rows, bfloat16+rows: the few-row kernel")
     p.add_argument("--widths", default="1,2,5,8,16,24,32")
     p.add_argument("--context", type=int, default=64)
     p.add_argument("--steps", type=int, default=30)

@@ -231,7 +231,7 @@ class _Prices:
         dtype = stats.target_dtype
         if dtype == "float32" and fast_linear.prepacked_bytes(target) > 0:
             dtype += "+prepack"
-        elif dtype == "float32" and draft is not None and verify_linear.active_for(target):
+        elif dtype in ("float32", "bfloat16") and draft is not None and verify_linear.active_for(target):
             dtype += "+rows"
         return cls(torch.device(device).type, dtype, _storage(draft))
 

@@ -39,9 +39,11 @@ VERIFY_SLOPE_PRIOR = {("cpu", "float32"): {"chain": 0.125, "tree": 0.05},
                       # 0.125 a position at 5 (but 3 positions cost 1.07), 0.07 at 16; bf16 0.025 at 5, 0.012 at 16
                       ("cpu-amx", "float32"): {"chain": 0.125, "tree": 0.07},
                       ("cpu-amx", "float32+prepack"): {"chain": 0.125, "tree": 0.065},
-                      # fp32 through the few-row kernel (`hfspec.kernels.verify_linear`; …-verify-width-rows.md):
-                      # 0.05 a position at 5, 0.033 at 16
-                      ("cpu-amx", "float32+rows"): {"chain": 0.05, "tree": 0.033},
+                      # through the few-row kernel (`hfspec.kernels.verify_linear`; …-verify-width-rows*.md): fp32
+                      # 0.05 a position at 5, 0.03 at 16; bf16 0.02 a position from 2 to 8 positions (which start at
+                      # 0.71 of oneDNN's one-token step), 0.03 from 8 to 16
+                      ("cpu-amx", "float32+rows"): {"chain": 0.05, "tree": 0.03},
+                      ("cpu-amx", "bfloat16+rows"): {"chain": 0.02, "tree": 0.03},
                       ("cpu-amx", "bfloat16"): {"chain": 0.025, "tree": 0.012},
                       ("cpu-amx", "float16"): {"chain": 0.025, "tree": 0.012},
                       ("other", ""): {"chain": 0.005, "tree": 0.005}}
@@ -52,7 +54,16 @@ def _row(table: dict, device: str, dtype: str):
     device the ("other", "") entry."""
     if device not in CPU_KIND_DEVICES:
         return table[("other", "")]
-    return table.get((_key(device), dtype)) or table.get(("cpu", dtype), table[("cpu", "float32")])
+    return next((table[key] for key in _cpu_keys(device, dtype) if key in table), table[("cpu", "float32")])
+
+
+def _cpu_keys(device: str, dtype: str) -> list[tuple[str, str]]:
+    """Where a CPU prior is looked up, in order: this kind's row for the dtype, then the AVX-512 "cpu" row; a
+    dtype with a path suffix ("bfloat16+rows": the few-row kernel, not measured on every kind) then the same for
+    its plain dtype."""
+    kinds = [_key(device), "cpu"]
+    dtypes = [dtype, dtype.split("+")[0]] if "+" in dtype else [dtype]
+    return [(kind, name) for name in dtypes for kind in kinds]
 
 
 def verify_slope_prior(device: str, dtype: str, shape: str = "chain") -> float:
@@ -97,6 +108,7 @@ DRAFT_STEP_PRIOR = {("cpu", "float32"): {"int4": 0.97, "int8": 1.2, "other": 1.0
                     ("cpu-amx", "float32+prepack"): {"int4": 1.35, "int8": 1.29, "other": 1.44},
                     # the few-row kernel leaves the one-token target step (and so c) as it was
                     ("cpu-amx", "float32+rows"): {"int4": 1.35, "int8": 1.29, "other": 1.44},
+                    ("cpu-amx", "bfloat16+rows"): {"int4": 0.61, "int8": 0.60, "other": 0.64},
                     ("cpu-amx", "bfloat16"): {"int4": 0.61, "int8": 0.60, "other": 0.64},
                     ("other", ""): {"other": 1.0}}
 
@@ -158,11 +170,16 @@ VERIFY_CURVE_PRIOR = {
                              (9, 1.84), (10, 1.97), (12, 2.06), (16, 2.05), (24, 2.27), (32, 2.44)),
     ("cpu-amx", "float32+prepack"): ((1, 1.0), (2, 1.02), (3, 1.07), (5, 1.51), (8, 1.69), (16, 1.97), (24, 2.26),
                                      (32, 2.44)),
-    # fp32 with its 2-16-row linears through the few-row kernel (`hfspec.kernels.verify_linear`, which a speculative
-    # decode uses on this kind; benchmarks/results/xeon-2c-2026-12-05-verify-width-rows.md, every point within ±3 %):
-    # 5 positions 1.22 against sgemm's 1.56, 16 positions 1.50 against 1.98; past 16 rows F.linear again
+    # With the target's 2-32-row fp32 and 2-16-row bf16 linears through the few-row kernel (`hfspec.kernels.
+    # verify_linear`, which a speculative decode uses on this kind), over the one-token step plain decoding takes
+    # (sgemv, oneDNN): fp32 1–12 from benchmarks/results/xeon-2c-2026-12-05-verify-width-rows.md (every point within
+    # ±3 %), 16–32 from …-verify-width-rows-uncapped.md: 5 positions 1.22 against sgemm's 1.56, 16 1.44 against
+    # 1.98. bf16 from …-uncapped.md up to 16 positions, past them oneDNN's (the bf16 row above): a pass over 2–8
+    # positions costs 0.71–0.88 of oneDNN's one-token step, which reads the weights at half the speed.
     ("cpu-amx", "float32+rows"): ((1, 1.0), (2, 1.05), (3, 1.13), (4, 1.14), (5, 1.22), (6, 1.23), (7, 1.26), (8, 1.29),
-                                  (9, 1.32), (10, 1.33), (12, 1.37), (16, 1.50), (24, 2.18), (32, 2.31)),
+                                  (9, 1.32), (10, 1.33), (12, 1.37), (16, 1.44), (24, 1.98), (32, 2.37)),
+    ("cpu-amx", "bfloat16+rows"): ((1, 1.0), (2, 0.71), (3, 0.74), (4, 0.76), (5, 0.78), (6, 0.82), (8, 0.88),
+                                   (12, 1.02), (16, 1.14), (24, 1.26), (32, 1.29)),
     ("cpu-amx", "bfloat16"): ((1, 1.0), (2, 1.07), (5, 1.10), (8, 1.12), (12, 1.15), (16, 1.18), (24, 1.26),
                               (32, 1.29)),
     ("cpu-avx2", "bfloat16"): ((1, 1.0), (2, 1.44), (3, 1.88), (4, 2.31), (5, 2.77), (6, 3.20), (7, 3.66), (8, 4.10),
@@ -172,7 +189,7 @@ VERIFY_CURVE_PRIOR = {
 
 def verify_prior(n: int, device: str = "cpu", dtype: str = "float32") -> float:
     """t(n) / t(1) before a run has timed any (`VERIFY_CURVE_PRIOR`, else 1 + slope · (n − 1))."""
-    points = (VERIFY_CURVE_PRIOR.get((_key(device), dtype)) or VERIFY_CURVE_PRIOR.get(("cpu", dtype))
+    points = (next((VERIFY_CURVE_PRIOR[key] for key in _cpu_keys(device, dtype) if key in VERIFY_CURVE_PRIOR), None)
               if device in CPU_KIND_DEVICES else None)
     if not points:
         return 1.0 + verify_slope_prior(device, dtype, "chain") * (n - 1)

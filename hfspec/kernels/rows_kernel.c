@@ -1,17 +1,22 @@
-/* hfspec's few-row fp32 linear: y[m, n] = sum_k x[m, k] * w[n, k] (+ b[n]) for 1 <= M <= 16 rows of x, reading
- * each row of w once for all M rows (hfspec/kernels/verify_linear.py builds it and says why).
+/* hfspec's few-row linear: y[m, n] = sum_k x[m, k] * w[n, k] (+ b[n]) for a few rows of x, reading each row of w
+ * from memory once for all of them (hfspec/kernels/verify_linear.py builds it and says why). fp32 and bf16.
  *
- * A row of w is loaded 16 floats at a time and multiplied into M accumulators, one per row of x (which stays in
- * L1); the row PREFETCH_ROWS rows ahead is prefetched as it goes, so that the memory reads overlap the arithmetic
- * (without it every extra row of x cost about a tenth of the one-row product on the 2-core AMX Xeon VM; with it a
- * twentieth). Threads split the rows of w evenly (OpenMP, the same runtime as torch's). */
+ * A row of w is loaded 16 floats (32 bf16) at a time and multiplied into one accumulator per row of x (which stays
+ * in L1), while the row PREFETCH_ROWS rows ahead is prefetched, so that memory reads overlap the arithmetic (without
+ * it every extra row of x cost about a tenth of the one-row product on the 2-core AMX Xeon VM; with it a twentieth).
+ * More than CHUNK rows of x are taken CHUNK at a time over blocks of BLOCK_N rows of w, which the second chunk
+ * finds in L1. bf16 accumulates in fp32 (AVX512-BF16 dot products where the CPU has them) and rounds once to
+ * nearest even, as oneDNN does. Threads split the rows of w evenly (OpenMP, the same runtime as torch's). */
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
 
 #define PREFETCH_ROWS 2
+#define CHUNK 16
+#define BLOCK_N 8
 
-#define ROWS_BODY(M)                                                                                               \
+/* ------------------------------------------------------------------------------------------------ fp32 */
+#define F32_BODY(M)                                                                                                \
   for (int64_t n = n0; n < n1; n++) {                                                                              \
     const float* wn = w + n * K;                                                                                   \
     __m512 acc[M];                                                                                                 \
@@ -31,34 +36,125 @@
     for (int m = 0; m < M; m++) y[m * N + n] = _mm512_reduce_add_ps(acc[m]) + bn;                                  \
   }
 
-#define DEFINE_ROWS(M)                                                                                             \
-  static void rows_##M(const float* x, const float* w, const float* b, float* y, int64_t N, int64_t K,            \
-                       int64_t n0, int64_t n1) {                                                                   \
-    ROWS_BODY(M)                                                                                                   \
+/* ------------------------------------------------------------------------------------------------ bf16 */
+static inline uint16_t to_bf16(float f) {
+  union { float f; uint32_t u; } v = {f};
+  if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40u); /* NaN stays NaN */
+  return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
+
+static inline float from_bf16(uint16_t h) {
+  union { uint32_t u; float f; } v = {(uint32_t)h << 16};
+  return v.f;
+}
+
+#ifdef __AVX512BF16__
+/* 32 bf16 pairs a step: acc += x[2i] w[2i] + x[2i+1] w[2i+1] */
+#define BF16_STEP 32
+#define BF16_LOAD(p) ((__m512bh)_mm512_loadu_si512(p))
+#define BF16_MASKED(mask, p) ((__m512bh)_mm512_maskz_loadu_epi16((__mmask32)(mask), p))
+#define BF16_MASK(r) ((__mmask32)((1ull << (r)) - 1ull))
+#define BF16_DOT(acc, xv, wv) _mm512_dpbf16_ps(acc, xv, wv)
+typedef __m512bh bf16_vec;
+#else
+/* widened to fp32 (a bf16 is the top half of an fp32), 16 a step */
+#define BF16_STEP 16
+#define BF16_WIDEN(v) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16))
+#define BF16_LOAD(p) BF16_WIDEN(_mm256_loadu_si256((const __m256i*)(p)))
+#define BF16_MASKED(mask, p) BF16_WIDEN(_mm256_maskz_loadu_epi16((__mmask16)(mask), p))
+#define BF16_MASK(r) ((__mmask16)((1u << (r)) - 1u))
+#define BF16_DOT(acc, xv, wv) _mm512_fmadd_ps(xv, wv, acc)
+typedef __m512 bf16_vec;
+#endif
+
+#define BF16_BODY(M)                                                                                               \
+  for (int64_t n = n0; n < n1; n++) {                                                                              \
+    const uint16_t* wn = w + n * K;                                                                                \
+    __m512 acc[M];                                                                                                 \
+    for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();                                                      \
+    int64_t k = 0;                                                                                                 \
+    for (; k + BF16_STEP <= K; k += BF16_STEP) {                                                                   \
+      _mm_prefetch((const char*)(wn + PREFETCH_ROWS * K + k), _MM_HINT_T0);                                        \
+      bf16_vec wv = BF16_LOAD(wn + k);                                                                             \
+      for (int m = 0; m < M; m++) acc[m] = BF16_DOT(acc[m], BF16_LOAD(x + m * K + k), wv);                         \
+    }                                                                                                              \
+    if (k < K) {                                                                                                   \
+      bf16_vec wv = BF16_MASKED(BF16_MASK(K - k), wn + k);                                                         \
+      for (int m = 0; m < M; m++) acc[m] = BF16_DOT(acc[m], BF16_MASKED(BF16_MASK(K - k), x + m * K + k), wv);     \
+    }                                                                                                              \
+    float bn = b ? from_bf16(b[n]) : 0.0f;                                                                         \
+    for (int m = 0; m < M; m++) y[m * N + n] = to_bf16(_mm512_reduce_add_ps(acc[m]) + bn);                         \
   }
 
-DEFINE_ROWS(1) DEFINE_ROWS(2) DEFINE_ROWS(3) DEFINE_ROWS(4) DEFINE_ROWS(5) DEFINE_ROWS(6) DEFINE_ROWS(7)
-DEFINE_ROWS(8) DEFINE_ROWS(9) DEFINE_ROWS(10) DEFINE_ROWS(11) DEFINE_ROWS(12) DEFINE_ROWS(13) DEFINE_ROWS(14)
-DEFINE_ROWS(15) DEFINE_ROWS(16)
+/* ------------------------------------------------------------------------------------------------ the drivers */
+#define DEFINE(M)                                                                                                  \
+  static void f32_##M(const float* x, const float* w, const float* b, float* y, int64_t N, int64_t K, int64_t n0,  \
+                      int64_t n1) {                                                                                \
+    F32_BODY(M)                                                                                                    \
+  }                                                                                                                \
+  static void bf16_##M(const uint16_t* x, const uint16_t* w, const uint16_t* b, uint16_t* y, int64_t N, int64_t K, \
+                       int64_t n0, int64_t n1) {                                                                   \
+    BF16_BODY(M)                                                                                                   \
+  }
 
-typedef void (*rows_fn)(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t);
-static const rows_fn ROWS[17] = {0,       rows_1,  rows_2,  rows_3,  rows_4,  rows_5,  rows_6,  rows_7, rows_8,
-                                 rows_9,  rows_10, rows_11, rows_12, rows_13, rows_14, rows_15, rows_16};
+DEFINE(1) DEFINE(2) DEFINE(3) DEFINE(4) DEFINE(5) DEFINE(6) DEFINE(7) DEFINE(8) DEFINE(9) DEFINE(10) DEFINE(11)
+DEFINE(12) DEFINE(13) DEFINE(14) DEFINE(15) DEFINE(16)
 
-/* x [M, K], w [N, K], b [N] or NULL, y [M, N], all contiguous fp32. Returns 0, or 1 for M outside 1..16. */
-int hfspec_rows_linear(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t N, int64_t K,
-                       int threads) {
-  if (M < 1 || M > 16 || N < 1 || K < 1) return 1;
-  rows_fn fn = ROWS[M];
+typedef void (*f32_fn)(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t);
+typedef void (*bf16_fn)(const uint16_t*, const uint16_t*, const uint16_t*, uint16_t*, int64_t, int64_t, int64_t,
+                        int64_t);
+static const f32_fn F32[CHUNK + 1] = {0,      f32_1,  f32_2,  f32_3,  f32_4,  f32_5,  f32_6,  f32_7, f32_8,
+                                      f32_9,  f32_10, f32_11, f32_12, f32_13, f32_14, f32_15, f32_16};
+static const bf16_fn BF16[CHUNK + 1] = {0,       bf16_1,  bf16_2,  bf16_3,  bf16_4,  bf16_5,  bf16_6,  bf16_7, bf16_8,
+                                        bf16_9,  bf16_10, bf16_11, bf16_12, bf16_13, bf16_14, bf16_15, bf16_16};
+
+/* The rows of w this thread takes, [*n0, *n1). */
+static void share(int64_t N, int64_t* n0, int64_t* n1) {
+  int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+  int64_t per = (N + nt - 1) / nt;
+  *n0 = t * per < N ? t * per : N;
+  *n1 = *n0 + per < N ? *n0 + per : N;
+}
+
+#define DRIVE(TABLE, x, w, b, y, M, N, K, n0, n1)                                                                 \
+  for (int64_t nb = n0; nb < n1; nb += BLOCK_N) {                                                                  \
+    int64_t ne = nb + BLOCK_N < n1 ? nb + BLOCK_N : n1;                                                            \
+    for (int64_t m0 = 0; m0 < M; m0 += CHUNK) {                                                                    \
+      int64_t rows = M - m0 < CHUNK ? M - m0 : CHUNK;                                                              \
+      TABLE[rows](x + m0 * K, w, b, y + m0 * N, N, K, nb, ne);                                                     \
+    }                                                                                                              \
+  }
+
+/* x [M, K], w [N, K], b [N] or NULL, y [M, N], all contiguous fp32. Returns 0, or 1 for bad sizes. */
+int hfspec_rows_f32(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t N, int64_t K,
+                    int threads) {
+  if (M < 1 || N < 1 || K < 1) return 1;
   if (threads < 2 || N < 64) {
-    fn(x, w, b, y, N, K, 0, N);
+    DRIVE(F32, x, w, b, y, M, N, K, 0, N)
     return 0;
   }
 #pragma omp parallel num_threads(threads)
   {
-    int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    int64_t per = (N + nt - 1) / nt, n0 = t * per, n1 = n0 + per < N ? n0 + per : N;
-    if (n0 < n1) fn(x, w, b, y, N, K, n0, n1);
+    int64_t n0, n1;
+    share(N, &n0, &n1);
+    DRIVE(F32, x, w, b, y, M, N, K, n0, n1)
+  }
+  return 0;
+}
+
+/* The same for bf16 (as uint16_t bit patterns). */
+int hfspec_rows_bf16(const uint16_t* x, const uint16_t* w, const uint16_t* b, uint16_t* y, int64_t M, int64_t N,
+                     int64_t K, int threads) {
+  if (M < 1 || N < 1 || K < 1) return 1;
+  if (threads < 2 || N < 64) {
+    DRIVE(BF16, x, w, b, y, M, N, K, 0, N)
+    return 0;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    int64_t n0, n1;
+    share(N, &n0, &n1);
+    DRIVE(BF16, x, w, b, y, M, N, K, n0, n1)
   }
   return 0;
 }

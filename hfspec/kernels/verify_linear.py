@@ -1,16 +1,18 @@
-"""An fp32 verify pass for about the price of a one-token step, with no second copy of the weights: the target's
-linears over the 2-16 rows of a verify pass run a small AVX-512 kernel (`rows_kernel.c`) that reads each weight
-row once for all the rows.
+"""A verify pass for less than the price of a one-token step, with no second copy of the weights: a target's fp32
+and bf16 linears over the few rows of a verify pass run a small AVX-512 kernel (`rows_kernel.c`) that reads each
+weight row once for all the rows.
 
 Why: torch's fp32 `F.linear` runs MKL, sgemv for one row and sgemm for more, and on the 2-core Intel AMX Xeon VM
 sgemm over 4-16 rows costs 1.7-2.3x the one-row product at SmolLM2-135M's shapes (it repacks the weight at every
 call), which made a chain's verify pass of 5 positions cost 1.6 one-token steps and decided fp32's speed-up
 (`hfspec.kernels.fast_linear` avoids the repacking with a oneDNN copy of every weight, twice the memory, and gains
-little there). This kernel multiplies each 16-float slice of a weight row into one accumulator per input row and
-prefetches two weight rows ahead, so memory reads and arithmetic overlap: over SmolLM2-135M's linears and head,
-6 rows cost 1.17x one row against MKL's 1.94x (`benchmarks/bench_verify_width.py --dtypes float32+rows` measures
-the whole verify pass). What the target computes changes only by float rounding (another summation order), as
-with any BLAS; one-row calls, prefill and half-precision models keep `F.linear`.
+little there). bf16's oneDNN product is flat over rows but reads its weights at about half the speed the memory
+allows. This kernel multiplies each slice of a weight row into one accumulator per input row (bf16 through the
+CPU's bf16 dot products, accumulated in fp32 and rounded once, as oneDNN does) and prefetches two weight rows
+ahead, so memory reads and arithmetic overlap. A whole SmolLM2-135M pass over 5 positions then costs 1.22 of an
+fp32 one-token step instead of 1.56, and 0.78 of a bf16 one (oneDNN's) instead of 1.08
+(`benchmarks/bench_verify_width.py --dtypes float32+rows,bfloat16+rows`). What the target computes changes only
+by float rounding (another summation order), as with any BLAS; one-row calls, prefill and fp16 keep `F.linear`.
 
 It is compiled once per machine with the C compiler on PATH (`cc`, or `$CC`) into `~/.cache/hfspec/kernels` (or
 `$HFSPEC_KERNEL_DIR`) under a key of its source, the compiler, the flags and the CPU, written to a temporary file
@@ -20,7 +22,7 @@ compiler, no AVX-512, an unusable folder) the verify pass keeps `F.linear` and `
 
 `$HFSPEC_ROWS_KERNEL`: "auto" (the default) uses it on the CPU kinds where it was measured faster (`ON_BY_KIND`),
 "on" wherever it builds, "off" nowhere. The decoding loop routes a target's linears through it for the length of a
-speculative decode (`installed`) and restores them after.
+speculative decode (`installed`) and restores them after; plain decoding is left as it is.
 """
 
 from __future__ import annotations
@@ -49,7 +51,12 @@ SOURCE = Path(__file__).with_name("rows_kernel.c")
 KERNEL_DIR_ENV = "HFSPEC_KERNEL_DIR"
 MODE_ENV = "HFSPEC_ROWS_KERNEL"
 MODES = ("auto", "on", "off")
-MIN_ROWS, MAX_ROWS = 2, 16  # calls with this many rows take the kernel; one row stays MKL's sgemv
+MIN_ROWS = 2  # one-row calls keep F.linear (MKL's sgemv, oneDNN)
+# per dtype, the C function and the most rows a call may have to take it: past them F.linear was as fast or faster
+# (SmolLM2-135M on the AMX Xeon, benchmarks/results/xeon-2c-2026-12-05-verify-width-rows-uncapped.md: a whole pass over
+# 32 positions 2.37 steps against sgemm's 2.44; in bf16 16 positions 1.14 against oneDNN's 1.15, 24 1.50 against 1.24)
+DTYPES = {torch.float32: ("hfspec_rows_f32", 32), torch.bfloat16: ("hfspec_rows_bf16", 16)}
+MAX_ROWS = max(most for _, most in DTYPES.values())
 # CPU kinds (`hfspec.kernels.cpu`) where "auto" uses it: where a verify pass was measured cheaper with it
 # (the AMX Xeon, 5 December 2026, benchmarks/results/xeon-2c-2026-12-05-verify-width-rows.md)
 ON_BY_KIND = frozenset({"cpu-amx"})
@@ -57,7 +64,7 @@ FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 BUILD_TIMEOUT = 120  # seconds
 
 _lock = threading.Lock()
-_built: tuple[object | None, str] | None = None  # (the C function or None, what runs and why)
+_built: tuple[dict | None, str] | None = None  # ({dtype: (C function, most rows)} or None, what runs and why)
 
 
 def kernel_dir() -> Path:
@@ -78,8 +85,9 @@ def wanted() -> bool:
     return chosen == "on" or (chosen == "auto" and cpu_kind() in ON_BY_KIND)
 
 
-def kernel():
-    """The kernel's C function, built or loaded on first use; None where it cannot be (`status` says why)."""
+def kernel() -> dict | None:
+    """{dtype: (the kernel's C function, the most rows it takes)}, built or loaded on first use; None where it
+    cannot be (`status` says why)."""
     global _built
     with _lock:
         if _built is None:
@@ -103,20 +111,21 @@ def reset() -> None:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias) for fp32 CPU tensors through the kernel when x has MIN_ROWS..MAX_ROWS rows, the
-    kernel is built and nothing needs a gradient; F.linear otherwise."""
+    """F.linear(x, weight, bias) for fp32 or bf16 CPU tensors through the kernel when x has MIN_ROWS..MAX_ROWS
+    rows, the kernel is built and nothing needs a gradient; F.linear otherwise."""
     rows = x.numel() // weight.shape[1] if x.dim() and weight.dim() == 2 else 0
-    fn = _built[0] if _built is not None else None
-    if (fn is None or not MIN_ROWS <= rows <= MAX_ROWS or x.dtype != torch.float32 or weight.dtype != torch.float32
+    fns = _built[0] if _built is not None else None
+    dtype = weight.dtype
+    if (fns is None or dtype not in fns or not MIN_ROWS <= rows <= fns[dtype][1] or x.dtype != dtype
             or x.device.type != "cpu" or weight.device.type != "cpu" or not weight.is_contiguous()
-            or (bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()))
+            or (bias is not None and (bias.dtype != dtype or not bias.is_contiguous()))
             or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
         return F.linear(x, weight, bias)
     n, k = weight.shape
     x2 = x.reshape(rows, k).contiguous()
-    y = torch.empty(rows, n, dtype=torch.float32)
-    fn(x2.data_ptr(), weight.data_ptr(), bias.data_ptr() if bias is not None else None, y.data_ptr(), rows, n, k,
-       torch.get_num_threads())
+    y = torch.empty(rows, n, dtype=dtype)
+    fns[dtype][0](x2.data_ptr(), weight.data_ptr(), bias.data_ptr() if bias is not None else None, y.data_ptr(),
+                  rows, n, k, torch.get_num_threads())
     return y.view(*x.shape[:-1], n)
 
 
@@ -125,8 +134,8 @@ def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 def routable(module: nn.Module) -> bool:
-    """A plain fp32 CPU `nn.Linear` whose forward nobody has replaced (not prepacked, no accelerate hook)."""
-    return (type(module) is nn.Linear and "forward" not in module.__dict__ and module.weight.dtype == torch.float32
+    """A plain fp32 or bf16 CPU `nn.Linear` whose forward nobody has replaced (not prepacked, no accelerate hook)."""
+    return (type(module) is nn.Linear and "forward" not in module.__dict__ and module.weight.dtype in DTYPES
             and module.weight.device.type == "cpu")
 
 
@@ -174,13 +183,17 @@ def _build() -> tuple[object | None, str]:
             loaded = ctypes.CDLL(str(library))
     except (OSError, subprocess.SubprocessError) as error:
         return None, f"the few-row kernel could not be built: {_first_line(error)}"
-    fn = loaded.hfspec_rows_linear
-    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-    fn.restype = ctypes.c_int
-    wrong = _check(fn)
+    fns = {}
+    for dtype, (name, most) in DTYPES.items():
+        fn = getattr(loaded, name)
+        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+        fn.restype = ctypes.c_int
+        fns[dtype] = (fn, most)
+    wrong = _check(fns)
     if wrong:
         return None, f"the few-row kernel was built but disagrees with F.linear ({wrong})"
-    return fn, f"few-row kernel (AVX-512, {MIN_ROWS}-{MAX_ROWS} rows; {library})"
+    return fns, (f"few-row kernel (AVX-512; fp32 {MIN_ROWS}-{DTYPES[torch.float32][1]} rows, bf16 "
+                 f"{MIN_ROWS}-{DTYPES[torch.bfloat16][1]}; {library})")
 
 
 def _compiler() -> str | None:
@@ -232,21 +245,24 @@ def _cpu_id() -> str:
     return "\n".join(sorted(set(lines)))
 
 
-def _check(fn) -> str:
-    """'' when the kernel computes F.linear on every row count, ragged K and with and without a bias, else what
-    differed."""
+def _check(fns: dict) -> str:
+    """'' when the kernel computes F.linear on every row count, ragged K and with and without a bias (bf16: to
+    within one bf16 rounding of the fp32 product), else what differed."""
     generator = torch.Generator().manual_seed(0)
-    for k, n, bias in ((37, 70, True), (64, 129, False), (576, 96, True)):
-        w = torch.randn(n, k, generator=generator)
-        b = torch.randn(n, generator=generator) if bias else None
-        for rows in range(1, MAX_ROWS + 1):
-            x = torch.randn(rows, k, generator=generator)
-            y = torch.empty(rows, n)
-            if fn(x.data_ptr(), w.data_ptr(), b.data_ptr() if b is not None else None, y.data_ptr(), rows, n, k, 2):
-                return f"refused {rows} rows"
-            want = F.linear(x, w, b)
-            if not torch.allclose(y, want, rtol=1e-4, atol=1e-4):
-                return f"{rows} rows, K {k}: off by {(y - want).abs().max().item():.2e}"
+    for dtype, (fn, _) in fns.items():
+        for k, n, bias in ((37, 70, True), (64, 129, False), (576, 96, True)):
+            w = torch.randn(n, k, generator=generator).to(dtype)
+            b = torch.randn(n, generator=generator).to(dtype) if bias else None
+            for rows in range(1, MAX_ROWS + 1):
+                x = torch.randn(rows, k, generator=generator).to(dtype)
+                y = torch.empty(rows, n, dtype=dtype)
+                if fn(x.data_ptr(), w.data_ptr(), b.data_ptr() if b is not None else None, y.data_ptr(), rows, n, k,
+                      2):
+                    return f"refused {rows} rows"
+                want = F.linear(x.float(), w.float(), b.float() if b is not None else None)
+                tolerance = 1e-4 if dtype == torch.float32 else 2 ** -7  # bf16: one rounding of the output
+                if not torch.allclose(y.float(), want, rtol=tolerance, atol=tolerance * 4):
+                    return f"{dtype}, {rows} rows, K {k}: off by {(y.float() - want).abs().max().item():.2e}"
     return ""
 
 
