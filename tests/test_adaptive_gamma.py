@@ -441,3 +441,30 @@ def test_the_cpu_kind_is_read_from_torchs_capability_and_amx_tiles(monkeypatch):
     monkeypatch.delenv("HFSPEC_CPU_KIND", raising=False)
     monkeypatch.setattr(cpu, "detected_kind", lambda: "amx")
     assert cpu.cpu_kind() == "cpu-amx"
+
+
+def test_acceptance_that_comes_in_runs_drafts_longer():
+    """γ "auto" prices each draft position by its own acceptance given it was reached (`AdaptiveGamma.observe`):
+    rounds of γ 3 that either reject their first token (30 %) or accept all three (a draft right for whole
+    stretches) make long rounds worth more than one α (0.875 pooled) for every position says. Control: about the same
+    pooled α with each position accepted independently chooses what the single-α policy chooses."""
+    from hfspec.decoding.priors import prior_model
+
+    def fed(rows):
+        policy = AdaptiveGamma(c_prior=0.2, timed=False, profile=prior_model(0.2, "cpu", "bfloat16"),
+                               alpha_prior=0.85)
+        for accepted in rows:
+            checked = 3 if accepted == 3 else accepted + 1
+            policy.observe([accepted], [checked])
+            policy.update(3, accepted, checked, 0.2, 1.0)
+        single = best_gamma(policy.profile, Acceptance(policy.alpha), policy.gamma_max)[0]
+        return policy, single
+
+    bursty, single = fed([0, 3, 3, 0, 3, 3, 3, 0, 3, 3] * 6)
+    assert bursty.alpha == pytest.approx(0.875, abs=0.02)
+    assert bursty.acceptance(bursty.alpha)(1) < 0.8 < 0.95 < bursty.acceptance(bursty.alpha)(3)
+    assert bursty.next() > single + 1, (bursty.next(), single)
+    # independent: positions 1, 2 and 3 accepted 7 in 8, 6 in 7 and 5 in 6 times (0.86 pooled)
+    control, single = fed([3, 3, 3, 3, 3, 0, 1, 2] * 8)
+    assert 0.8 < control.alpha < 0.9
+    assert abs(control.next() - single) <= 1, (control.next(), single)

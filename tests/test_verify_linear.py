@@ -146,8 +146,9 @@ def test_a_compiler_that_fails_leaves_f_linear_and_no_file(kernel_env, monkeypat
     assert "could not be built" in verify_linear.status() and "internal error" in verify_linear.status()
     assert not list(kernel_env.glob("*")), "a failed build leaves nothing behind"
     target = build("llama")
-    with verify_linear.installed(target) as routed:
-        assert routed == 0
+    with pytest.warns(RuntimeWarning, match="verify passes keep F.linear.*internal error"):
+        with verify_linear.installed(target) as routed:
+            assert routed == 0
     expected = target.generate(torch.tensor([[0, 5, 17]]), do_sample=False, max_new_tokens=20)
     out = hfspec.generate(target, torch.tensor([[0, 5, 17]]), draft=perturbed(target, 0.5), gamma=3, temperature=0,
                           max_new_tokens=20)

@@ -8,6 +8,7 @@ both models share, the lean and compiled draft steps, and fast linear paths.
     lean         the lean decode step for drafts built from the target's weights (`LeanDecoder`, `LeanRunner`)
     compiled     an optional `torch.compile`d one-token lean step (`rtn4-compiled`)
     fast_linear  oneDNN-prepacked fp32 weights for the verify pass
+    verify_linear  the few-row kernel: a verify pass's fp32 and bf16 linears reading each weight row once
 
 Kernels import `hfspec.quant` and the base modules (errors, validate) only, never drafts, decoding or above.
 """

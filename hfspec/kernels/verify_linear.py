@@ -18,7 +18,8 @@ It is compiled once per machine with the C compiler on PATH (`cc`, or `$CC`) int
 `$HFSPEC_KERNEL_DIR`) under a key of its source, the compiler, the flags and the CPU, written to a temporary file
 and renamed into place (a build killed midway or out of disk leaves nothing to load), checked against `F.linear`
 before first use, and rebuilt once if the library will not load. Where it cannot be built or checked (no
-compiler, no AVX-512, an unusable folder) the verify pass keeps `F.linear` and `status()` says why.
+compiler, no AVX-512, an unusable folder) the verify pass keeps `F.linear`, a warning says why once per process,
+and so does `status()`.
 
 `$HFSPEC_ROWS_KERNEL`: "auto" (the default) uses it on the CPU kinds where it was measured faster (`ON_BY_KIND`),
 "on" wherever it builds, "off" nowhere. The decoding loop routes a target's linears through it for the length of a
@@ -36,6 +37,7 @@ import shutil
 import subprocess
 import threading
 import types
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -65,6 +67,7 @@ BUILD_TIMEOUT = 120  # seconds
 
 _lock = threading.Lock()
 _built: tuple[dict | None, str] | None = None  # ({dtype: (C function, most rows)} or None, what runs and why)
+_warned = False  # a kernel that was wanted and could not be built is said once per process
 
 
 def kernel_dir() -> Path:
@@ -105,9 +108,9 @@ def status() -> str:
 
 def reset() -> None:
     """Forget the built kernel, so that the next use builds or loads it again (tests, a changed folder)."""
-    global _built
+    global _built, _warned
     with _lock:
-        _built = None
+        _built, _warned = None, False
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -149,6 +152,8 @@ def installed(model: nn.Module) -> Iterator[int]:
     """Route `model`'s plain fp32 CPU linears through `linear` inside the block (where `wanted` and built; yields
     how many), restoring each forward after. Modules another path already owns are left alone, so blocks nest."""
     if not wanted() or kernel() is None:
+        if wanted():
+            _warn_once(f"hfspec: verify passes keep F.linear: {_built[1]}")
         yield 0
         return
     modules = [module for module in model.modules() if routable(module)]
@@ -161,7 +166,14 @@ def installed(model: nn.Module) -> Iterator[int]:
             module.__dict__.pop("forward", None)
 
 
-def _build() -> tuple[object | None, str]:
+def _warn_once(message: str) -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+def _build() -> tuple[dict | None, str]:
     """Compile (or find compiled) and load the kernel, then check it against F.linear: (function, description) or
     (None, why not)."""
     if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
