@@ -37,7 +37,6 @@ MIN_CLEAN = 4  # clean live measurements before the live policy may decode plain
 RUN_EVIDENCE = 16  # drafted tokens checked in this run before a low α alone may stop drafting (γ 0)
 THIN_ALPHA = 0.7  # the α γ 0 is judged at until then: a draft that cannot pay even at this α stops at once
 DEPTH_EVIDENCE = 4.0  # decayed rows that checked a draft position before its own rate prices deeper positions
-HOLD_MARGIN = 0.03  # γ stays where it is while its predicted tokens/s is within this share of the best γ's
 # A draft's measured fidelity (`hfspec.drafts.fidelity`: Σ min(p, q) on the target's own text, the expected
 # acceptance at T = 1), when known, is the α estimate's prior, worth this many checked tokens; else α 0.5 worth 2.
 # With the weak prior one rejected first token took the estimate to 0.33 and γ to 1, and at γ 1 it recovered one
@@ -209,13 +208,7 @@ class AdaptiveGamma(GammaPolicy):
         model, clean = self._model()
         if model is not None:
             acceptance = self.acceptance(alpha) if by_position else Acceptance(alpha)
-            best, rate = best_gamma(model, acceptance, self.gamma_max)
-            held = self._gamma
-            if by_position and best > 0 and 0 < held <= self.gamma_max and held != best:
-                # near the optimum the predicted rate is flat, and γ had swung with every round's noise (fp32: γ
-                # 2 to 12 within 30 rounds), each swing paying short rounds' intercept or long rounds' waste
-                if acceptance.expected(held) / model.round_seconds(held) >= (1 - HOLD_MARGIN) * rate:
-                    best = held
+            best = best_gamma(model, acceptance, self.gamma_max)[0]
         else:
             best = optimal_gamma(alpha, self.c, self.gamma_max)
             if paper_speedup(alpha, best, self.c) <= 1.0:
