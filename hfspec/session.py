@@ -30,7 +30,7 @@ from hfspec.drafts import registry
 from hfspec.errors import HfspecError
 from hfspec.io import memory
 from hfspec.io.loading import load_model, load_tokenizer, parse_dtype
-from hfspec.kernels import fast_linear
+from hfspec.kernels import fast_linear, verify_linear
 from hfspec.live import ROLLING_WINDOW, IncrementalDecoder, LiveBuffer, LiveRecorder, LiveSnapshot
 from hfspec.measure.results import STOP_REASONS, Baseline, CompareRow, RunResult, SweepPoint, SweepResult
 from hfspec.measure.ruler import Measurement, Sample, measure_speedup
@@ -135,6 +135,9 @@ class Session:
             model = load_model(source, dtype=key[1], device=key[2], progress=say, role="target")
             if key[3]:
                 say(_prepack(model))
+            verify = verify_linear.describe_for(model)  # (builds the few-row kernel the first time on a machine)
+            if verify:
+                say(verify)
             say("loading tokenizer…")
             tokenizer = load_tokenizer(source, role="target")
             while len(self._targets) >= self.max_targets:  # bounded memory; a target's drafts go with it

@@ -6,6 +6,7 @@ F.linear in place with the reason, never a broken file."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -37,6 +38,7 @@ def _buildable() -> str:
     return ""
 
 
+MICRO = str(Path(__file__).resolve().parents[1] / "presets" / "models" / "micro")
 needs_kernel = pytest.mark.skipif(bool(_buildable()), reason=_buildable() or "buildable")
 
 
@@ -176,3 +178,19 @@ def test_a_damaged_library_is_rebuilt(kernel_env):
     assert library.stat().st_size > 100
     x, w = torch.randn(3, 40), torch.randn(50, 40)
     torch.testing.assert_close(verify_linear.linear(x, w), F.linear(x, w), rtol=1e-4, atol=1e-4)
+
+
+def test_the_session_says_what_the_verify_passes_run(kernel_env, monkeypatch):
+    """Loading a target says which path its verify passes take (the CLI's and the dashboard's progress line);
+    with the kernel off nothing is said (control)."""
+    from hfspec.session import Session
+
+    if _buildable():
+        pytest.skip(_buildable())
+    lines = []
+    Session().load_target(MICRO, progress=lines.append)
+    assert any(line.startswith("verify passes: few-row kernel") for line in lines), lines
+    monkeypatch.setenv(verify_linear.MODE_ENV, "off")
+    lines.clear()
+    Session().load_target(MICRO, progress=lines.append)
+    assert lines and not any("verify passes" in line for line in lines), lines

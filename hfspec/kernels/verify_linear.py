@@ -142,6 +142,14 @@ def routable(module: nn.Module) -> bool:
             and module.weight.device.type == "cpu")
 
 
+def describe_for(model: nn.Module) -> str:
+    """What the model's verify passes will run, for a progress line ("verify passes: few-row kernel (...)" or
+    "verify passes: F.linear (why)"); "" where the kernel is not wanted or the model has no linear it takes."""
+    if not wanted() or not any(routable(m) for m in model.modules()):
+        return ""
+    return f"verify passes: {status()}"
+
+
 def active_for(model: nn.Module) -> bool:
     """Whether `installed(model)` would route any of the model's linears through a built kernel."""
     return wanted() and any(routable(m) for m in model.modules()) and kernel() is not None
