@@ -55,8 +55,9 @@ MODE_ENV = "HFSPEC_ROWS_KERNEL"
 MODES = ("auto", "on", "off")
 MIN_ROWS = 2  # one-row calls keep F.linear (MKL's sgemv, oneDNN)
 # per dtype, the C function and the most rows a call may have to take it: past them F.linear was as fast or faster
-# (SmolLM2-135M on the AMX Xeon, benchmarks/results/xeon-2c-2026-12-05-verify-width-rows-uncapped.md: a whole pass over
-# 32 positions 2.37 steps against sgemm's 2.44; in bf16 16 positions 1.14 against oneDNN's 1.15, 24 1.50 against 1.24)
+# (SmolLM2-135M on the AMX Xeon, benchmarks/results/xeon-2c-2026-12-05-verify-width-rows-uncapped.md: a whole
+# pass over 32 positions 2.37 steps against sgemm's 2.44; in bf16 16 positions 1.14 against oneDNN's 1.15, 24
+# 1.50 against 1.24)
 DTYPES = {torch.float32: ("hfspec_rows_f32", 32), torch.bfloat16: ("hfspec_rows_bf16", 16)}
 MAX_ROWS = max(most for _, most in DTYPES.values())
 # CPU kinds (`hfspec.kernels.cpu`) where "auto" uses it: where a verify pass was measured cheaper with it
@@ -99,7 +100,7 @@ def kernel() -> dict | None:
 
 
 def status() -> str:
-    """What a verify pass's fp32 linears run here: the kernel and where it lives, or F.linear and why."""
+    """What a verify pass's fp32 and bf16 linears run here: the kernel and where it lives, or F.linear and why."""
     if not wanted():
         return f"F.linear (the few-row kernel is off: {MODE_ENV}={mode()}, CPU kind {cpu_kind()})"
     fn = kernel()
@@ -157,8 +158,8 @@ def active_for(model: nn.Module) -> bool:
 
 @contextmanager
 def installed(model: nn.Module) -> Iterator[int]:
-    """Route `model`'s plain fp32 CPU linears through `linear` inside the block (where `wanted` and built; yields
-    how many), restoring each forward after. Modules another path already owns are left alone, so blocks nest."""
+    """Route `model`'s plain fp32 and bf16 CPU linears through `linear` inside the block (where `wanted` and built;
+    yields how many), restoring each forward after. Modules another path already owns are left alone, so blocks nest."""
     if not wanted() or kernel() is None:
         if wanted():
             _warn_once(f"hfspec: verify passes keep F.linear: {_built[1]}")
@@ -185,7 +186,8 @@ def _build() -> tuple[dict | None, str]:
     """Compile (or find compiled) and load the kernel, then check it against F.linear: (function, description) or
     (None, why not)."""
     if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
-        return None, f"the few-row kernel is built for x86-64 Linux only, not {platform.system()} {platform.machine()}"
+        where = f"{platform.system()} {platform.machine()}"
+        return None, f"the few-row kernel is built for x86-64 Linux only, not {where}"
     capability = torch.backends.cpu.get_cpu_capability().lower()
     if "avx512" not in capability:
         return None, f"the few-row kernel needs AVX-512 (this CPU: {capability})"
