@@ -26,8 +26,11 @@ LAYER_PATH = "layer_path"  # a bitsandbytes layer: which kernel it runs ("bnb nf
 SHARED_VOCAB = "shared_vocab"  # a sibling draft: the vocabulary it shares with its target's tokenizer
 LEAN_STEP = "lean_step"  # False: a draft model opts out of the lean decode step (`hfspec.kernels.lean`)
 PACKED = "packed"  # an `nn.Linear`'s oneDNN-prepacked weight (`hfspec.kernels.fast_linear`)
+# True: the target's verify passes compute `generate`'s one-token steps bit for bit
+# (`hfspec.audit.exactness.use_bitwise_verify`), so no other linear path may run them (`hfspec.kernels.verify_linear`)
+BITWISE_VERIFY = "bitwise_verify"
 
-NAMES = (DRAFT_SPEC, STEP_PATH, CALIBRATION, FIDELITY, LAYER_PATH, SHARED_VOCAB, LEAN_STEP, PACKED)
+NAMES = (DRAFT_SPEC, STEP_PATH, CALIBRATION, FIDELITY, LAYER_PATH, SHARED_VOCAB, LEAN_STEP, PACKED, BITWISE_VERIFY)
 
 DRAFT_HOOK = "hfspec_draft"  # method of a draft model with a `Draft` of its own: hfspec_draft(vocab) -> Draft
 NEW_CACHE_HOOK = "hfspec_new_cache"  # method of a model with a cache of its own: hfspec_new_cache() -> cache

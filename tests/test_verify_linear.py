@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from tiny_models import build, perturbed
 
 import hfspec
+from hfspec.attrs import BITWISE_VERIFY, set_attr
 from hfspec.audit.exactness import check_greedy
 from hfspec.errors import HfspecError
 from hfspec.kernels import fast_linear, verify_linear
@@ -114,6 +115,11 @@ def test_linears_are_routed_only_inside_the_block(kernel_env):
         assert routed == len(linears)  # bf16 too
     with verify_linear.installed(target.to(torch.float16)) as routed:
         assert routed == 0  # fp16 keeps F.linear
+    target.to(torch.float32)
+    assert verify_linear.active_for(target)
+    set_attr(target, BITWISE_VERIFY, True)  # `use_bitwise_verify`: passes must round as generate's own steps
+    with verify_linear.installed(target) as routed:
+        assert routed == 0 and not verify_linear.active_for(target)
 
 
 def test_a_prepacked_target_keeps_its_own_path(kernel_env):

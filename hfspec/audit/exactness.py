@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from hfspec.api import generate, make_draft
+from hfspec.attrs import BITWISE_VERIFY, del_attr, has_attr, set_attr
 from hfspec.errors import HfspecError
 from hfspec.io.loading import parse_dtype
 from hfspec.kernels import cache as kv
@@ -274,6 +275,10 @@ def use_bitwise_verify(model, on: bool = True) -> None:
                           "with 'sdpa' attention")
     AttentionInterface.register(ROWWISE_ATTENTION, rowwise_attention)
     model.set_attn_implementation(ROWWISE_ATTENTION if on else "sdpa")
+    if on:  # (the few-row verify kernel, which sums in another order, then leaves this model's passes alone)
+        set_attr(model, BITWISE_VERIFY, True)
+    elif has_attr(model, BITWISE_VERIFY):
+        del_attr(model, BITWISE_VERIFY)
     if on and "forward" not in vars(model):
         model.forward = _split_first_forward(model.forward)
     elif not on and "forward" in vars(model):

@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hfspec.attrs import BITWISE_VERIFY, get_attr
 from hfspec.errors import bad_value
 from hfspec.kernels.cpu import cpu_kind
 
@@ -153,13 +154,18 @@ def describe_for(model: nn.Module) -> str:
 
 def active_for(model: nn.Module) -> bool:
     """Whether `installed(model)` would route any of the model's linears through a built kernel."""
-    return wanted() and any(routable(m) for m in model.modules()) and kernel() is not None
+    return (wanted() and not get_attr(model, BITWISE_VERIFY) and any(routable(m) for m in model.modules())
+            and kernel() is not None)
 
 
 @contextmanager
 def installed(model: nn.Module) -> Iterator[int]:
     """Route `model`'s plain fp32 and bf16 CPU linears through `linear` inside the block (where `wanted` and built;
-    yields how many), restoring each forward after. Modules another path already owns are left alone, so blocks nest."""
+    yields how many), restoring each forward after. Modules another path already owns are left alone, so blocks nest;
+    a model whose verify passes must round as `generate` does (`BITWISE_VERIFY`) is left alone whole."""
+    if get_attr(model, BITWISE_VERIFY):  # generate's one-token rounding, bit for bit: F.linear's own path
+        yield 0
+        return
     if not wanted() or kernel() is None:
         if wanted():
             _warn_once(f"hfspec: verify passes keep F.linear: {_built[1]}")
