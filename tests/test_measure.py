@@ -4,6 +4,7 @@ stability verdict naming the machine's cause, and flags for figures a run's own 
 from __future__ import annotations
 
 import random
+import re
 import statistics
 
 import pytest
@@ -276,3 +277,29 @@ def test_the_plot_legend_says_predicted_and_paper_formula(tmp_path, monkeypatch)
     assert "rtn3 predicted (cost model, as in the CSV)" in labels
     assert any("paper formula, c_time" in x for x in labels) and any("(ideal)" in x for x in labels)
     assert any(x.startswith("hollow: rough") for x in labels)
+
+
+def test_the_ideal_note_names_a_verify_pass_cheaper_than_a_step():
+    """A measured speed-up above the ideal is explained by what the run's own costs show: a verify pass that
+    costs less than a one-token step (the few-row kernel in bf16) is named first; a run whose verify pass costs
+    more than a step gets the draft's cheaper-than-bytes explanation instead (control)."""
+    from test_costmodel import record
+
+    from hfspec.decoding.stats import SpecStats
+    from hfspec.measure.plausible import ideal_note
+
+    def stats(verify_ms):
+        s = SpecStats()
+        s.gamma, s.proposed, s.checked, s.accepted, s.target_passes = 5, 50, 45, 40, 10
+        s.gamma_per_round = [5] * 10
+        s.draft_bytes, s.target_bytes, s.time_draft, s.draft_forwards, s.time_target = 31, 100, 0.5, 50, 1.0
+        s.costs = record({5: 10}, verify_ms, 5.0, lambda k: 0.0, steps=4, step_ms=40)
+        return s
+
+    cheap = stats(lambda n: 28 + 0.5 * n)
+    assert cheap.ideal_speedup > 0
+    note = ideal_note(cheap, cheap.ideal_speedup * 1.2)
+    assert re.search(r"verify pass costs 0\.[0-9]{2} of its one-token step", note) and "few-row" in note, note
+    dear = stats(lambda n: 40 + 2 * n)
+    note = ideal_note(dear, dear.ideal_speedup * 1.2)
+    assert note and "verify pass" not in note, note
