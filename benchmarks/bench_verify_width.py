@@ -58,7 +58,7 @@ def main() -> None:
             timers = {f"w{w}": step_timer(target, ids, args.context, w) for w in widths}
             with verify_linear.installed(target) if dtype.endswith("+rows") else nullcontext() as routed:
                 if dtype.endswith("+rows") and not routed:
-                    raise SystemExit(f"float32+rows: {verify_linear.status()}")
+                    raise SystemExit(f"{dtype}: {verify_linear.status()}")
                 timings = time_operators(timers, args.steps, baseline="w1")
             verdict = verdict_cell(verdict_columns(timings))
             for w in widths:

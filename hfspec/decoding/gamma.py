@@ -185,14 +185,12 @@ class AdaptiveGamma(GammaPolicy):
         tends to get the next ones right too: on SmolLM2 off the grid, gptq4-compiled, bf16 greedy, γ 7 made 5.77
         tokens a pass where one α of 0.90 for every position predicts 5.33), so one α for every position priced
         long rounds too low and γ auto drafted 4 tokens a pass where a fixed γ 7 was 12 % faster (5 December)."""
-        rates, last = [], alpha
-        for a, c in zip(self._depth_accepted, self._depth_checked, strict=True):
-            rate = min((a + SHRINK * alpha) / (c + SHRINK), 0.999)
+        rates, deep = [], 0  # deep: the deepest position checked DEPTH_EVIDENCE times (1-based; 0: none)
+        for j, (a, c) in enumerate(zip(self._depth_accepted, self._depth_checked, strict=True), start=1):
+            rates.append(min((a + SHRINK * alpha) / (c + SHRINK), 0.999))
             if c >= DEPTH_EVIDENCE:
-                last = rate
-            rates.append(rate)
-        deep = next((j for j in range(len(rates), 0, -1) if self._depth_checked[j - 1] >= DEPTH_EVIDENCE), 0)
-        return Acceptance(last, rates[:deep])
+                deep = j
+        return Acceptance(rates[deep - 1] if deep else alpha, rates[:deep])
 
     def _choose(self, alpha: float) -> int:
         best = self._best(alpha, by_position=True)

@@ -54,7 +54,13 @@ def _row(table: dict, device: str, dtype: str):
     device the ("other", "") entry."""
     if device not in CPU_KIND_DEVICES:
         return table[("other", "")]
-    return next((table[key] for key in _cpu_keys(device, dtype) if key in table), table[("cpu", "float32")])
+    found = _cpu_entry(table, device, dtype)
+    return found if found is not None else table[("cpu", "float32")]
+
+
+def _cpu_entry(table: dict, device: str, dtype: str):
+    """The first entry of `table` along `_cpu_keys(device, dtype)`, or None."""
+    return next((table[key] for key in _cpu_keys(device, dtype) if key in table), None)
 
 
 def _cpu_keys(device: str, dtype: str) -> list[tuple[str, str]]:
@@ -106,9 +112,8 @@ DRAFT_STEP_PRIOR = {("cpu", "float32"): {"int4": 0.97, "int8": 1.2, "other": 1.0
                     # rtn8's are their steps timed alone × int4's decoding / alone ratio (0.75 fp32, 0.81 bf16).
                     ("cpu-amx", "float32"): {"int4": 1.35, "int8": 1.29, "other": 1.44},
                     ("cpu-amx", "float32+prepack"): {"int4": 1.35, "int8": 1.29, "other": 1.44},
-                    # the few-row kernel leaves the one-token target step (and so c) as it was
-                    ("cpu-amx", "float32+rows"): {"int4": 1.35, "int8": 1.29, "other": 1.44},
-                    ("cpu-amx", "bfloat16+rows"): {"int4": 0.61, "int8": 0.60, "other": 0.64},
+                    # ("float32+rows" and "bfloat16+rows", the few-row kernel, take these rows: it leaves the
+                    # one-token target step, and so c, as it was)
                     ("cpu-amx", "bfloat16"): {"int4": 0.61, "int8": 0.60, "other": 0.64},
                     ("other", ""): {"other": 1.0}}
 
@@ -189,8 +194,7 @@ VERIFY_CURVE_PRIOR = {
 
 def verify_prior(n: int, device: str = "cpu", dtype: str = "float32") -> float:
     """t(n) / t(1) before a run has timed any (`VERIFY_CURVE_PRIOR`, else 1 + slope · (n − 1))."""
-    points = (next((VERIFY_CURVE_PRIOR[key] for key in _cpu_keys(device, dtype) if key in VERIFY_CURVE_PRIOR), None)
-              if device in CPU_KIND_DEVICES else None)
+    points = _cpu_entry(VERIFY_CURVE_PRIOR, device, dtype) if device in CPU_KIND_DEVICES else None
     if not points:
         return 1.0 + verify_slope_prior(device, dtype, "chain") * (n - 1)
     for (n0, t0), (n1, t1) in zip(points, points[1:], strict=False):

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from hfspec.errors import first_line
 from hfspec.kernels.lean_cache import CACHE_CHUNK
 
 COMPILED_FEED_MAX = 4  # a compiled draft runs feeds of up to this many tokens as one-token steps (a round's catch-up)
@@ -76,7 +77,7 @@ class CompiledStep:
             try:
                 _usable_folder(COMPILE_DIR)
             except OSError as error:
-                self._give_up([f"compile folder {COMPILE_DIR} unusable: {_first_line(error)}"], say, began)
+                self._give_up([f"compile folder {COMPILE_DIR} unusable: {first_line(error)}"], say, began)
                 return
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(COMPILE_DIR)
         where = os.environ["TORCHINDUCTOR_CACHE_DIR"]
@@ -98,7 +99,7 @@ class CompiledStep:
                     _write_quietly(marker, f"inductor's C++ wrapper failed here: {errors[-1]}\n")
                 break
             except Exception as error:  # noqa: BLE001 - any compiler failure falls back, saying why
-                errors.append(_first_line(error))
+                errors.append(first_line(error))
                 torch._dynamo.reset()
                 if i == len(attempts) - 1:
                     break
@@ -114,7 +115,7 @@ class CompiledStep:
             self._warm_up()
         except Exception as error:  # noqa: BLE001 - a step that fails on a real path must not be used
             self.fn = None
-            self._give_up([f"warm-up failed: {_first_line(error)}"], say, began)
+            self._give_up([f"warm-up failed: {first_line(error)}"], say, began)
             return
         _end_compile_workers()
         self.seconds = time.perf_counter() - began
@@ -294,10 +295,6 @@ def _usable_folder(folder: Path) -> None:
     probe.write_bytes(b"")
     probe.unlink()
 
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0][:200]}" if text else type(error).__name__
 
 
 def _inductor_dir_unchosen() -> bool:

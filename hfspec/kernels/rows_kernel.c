@@ -125,36 +125,22 @@ static void share(int64_t N, int64_t* n0, int64_t* n1) {
     }                                                                                                              \
   }
 
-/* x [M, K], w [N, K], b [N] or NULL, y [M, N], all contiguous fp32. Returns 0, or 1 for bad sizes. */
-int hfspec_rows_f32(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t N, int64_t K,
-                    int threads) {
-  if (M < 1 || N < 1 || K < 1) return 1;
-  if (threads < 2 || N < 64) {
-    DRIVE(F32, x, w, b, y, M, N, K, 0, N)
-    return 0;
+/* NAME(x [M, K], w [N, K], b [N] or NULL, y [M, N], M, N, K, threads), all contiguous T (bf16 as uint16_t bit
+ * patterns). Returns 0, or 1 for bad sizes. */
+#define ENTRY(NAME, T, TABLE)                                                                                      \
+  int NAME(const T* x, const T* w, const T* b, T* y, int64_t M, int64_t N, int64_t K, int threads) {              \
+    if (M < 1 || N < 1 || K < 1) return 1;                                                                         \
+    if (threads < 2 || N < 64) {                                                                                   \
+      DRIVE(TABLE, x, w, b, y, M, N, K, 0, N)                                                                      \
+      return 0;                                                                                                    \
+    }                                                                                                              \
+    _Pragma("omp parallel num_threads(threads)") {                                                                 \
+      int64_t n0, n1;                                                                                              \
+      share(N, &n0, &n1);                                                                                          \
+      DRIVE(TABLE, x, w, b, y, M, N, K, n0, n1)                                                                    \
+    }                                                                                                              \
+    return 0;                                                                                                      \
   }
-#pragma omp parallel num_threads(threads)
-  {
-    int64_t n0, n1;
-    share(N, &n0, &n1);
-    DRIVE(F32, x, w, b, y, M, N, K, n0, n1)
-  }
-  return 0;
-}
 
-/* The same for bf16 (as uint16_t bit patterns). */
-int hfspec_rows_bf16(const uint16_t* x, const uint16_t* w, const uint16_t* b, uint16_t* y, int64_t M, int64_t N,
-                     int64_t K, int threads) {
-  if (M < 1 || N < 1 || K < 1) return 1;
-  if (threads < 2 || N < 64) {
-    DRIVE(BF16, x, w, b, y, M, N, K, 0, N)
-    return 0;
-  }
-#pragma omp parallel num_threads(threads)
-  {
-    int64_t n0, n1;
-    share(N, &n0, &n1);
-    DRIVE(BF16, x, w, b, y, M, N, K, n0, n1)
-  }
-  return 0;
-}
+ENTRY(hfspec_rows_f32, float, F32)
+ENTRY(hfspec_rows_bf16, uint16_t, BF16)

@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hfspec.attrs import BITWISE_VERIFY, get_attr
-from hfspec.errors import bad_value
+from hfspec.errors import bad_value, first_line
 from hfspec.kernels.cpu import cpu_kind
 
 SOURCE = Path(__file__).with_name("rows_kernel.c")
@@ -210,7 +210,7 @@ def _build() -> tuple[dict | None, str]:
             library = _library(compiler, flags)
             loaded = ctypes.CDLL(str(library))
     except (OSError, subprocess.SubprocessError) as error:
-        return None, f"the few-row kernel could not be built: {_first_line(error)}"
+        return None, f"the few-row kernel could not be built: {first_line(error)}"
     fns = {}
     for dtype, (name, most) in DTYPES.items():
         fn = getattr(loaded, name)
@@ -293,7 +293,3 @@ def _check(fns: dict) -> str:
                     return f"{dtype}, {rows} rows, K {k}: off by {(y.float() - want).abs().max().item():.2e}"
     return ""
 
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0][:200]}" if text else type(error).__name__
