@@ -134,10 +134,20 @@ def against_plain(target, ids, runs: dict, temperature: float, tokens: int, repe
     sample = (dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0
               else dict(do_sample=False))
 
+    from hfspec.kernels import verify_linear
+
     prompts = ids if isinstance(ids, list) else [ids]
 
     def plain(r):
         target.generate(prompts[r % len(prompts)], max_new_tokens=tokens, min_new_tokens=tokens, **sample)
+
+    def plain_rows(r):  # plain decoding with every linear of 1-32 rows through the few-row kernel
+        with verify_linear.installed(target, one_row=True):
+            plain(r)
+
+    # where a speculative decode's verify passes take the few-row kernel, plain decoding through that kernel too:
+    # the kernel also speeds up one-row products on some CPUs, and "vs plain+kernel" is speculation's own share
+    also = {"plain+kernel": wall(plain_rows, tokens)} if verify_linear.active_for(target) else {}
 
     def speculative(key):
         draft, gamma, *more = runs[key]
@@ -149,7 +159,8 @@ def against_plain(target, ids, runs: dict, temperature: float, tokens: int, repe
         return run
 
     # both sides by the wall clock (plain HF generate has no stats of its own)
-    timings = timed_rounds({"plain": wall(plain, tokens), **{key: wall(speculative(key), tokens) for key in runs}},
+    timings = timed_rounds({"plain": wall(plain, tokens), **also,
+                            **{key: wall(speculative(key), tokens) for key in runs}},
                            repeats, seed, strata=(lambda r: r % len(prompts)) if len(prompts) > 1 else None)
     out = {}
     for key in runs:
@@ -162,6 +173,11 @@ def against_plain(target, ids, runs: dict, temperature: float, tokens: int, repe
                     "round_strata": timings.kept_strata,  # each kept round's prompt (None: one prompt)
                     "plain_round_rates": [k["plain"].rate for k in timings.kept],
                     **ruler_columns(timings, key)}
+        if also:  # speculation's own share: over plain decoding through the same kernel, round by round
+            share = paired(out[key], {"round_rates": [k["plain+kernel"].rate for k in timings.kept]})
+            out[key].update(vs_plain_kernel=share.median, vs_plain_kernel_low=share.low,
+                            vs_plain_kernel_high=share.high,
+                            plain_kernel_tok_s=statistics.median(k["plain+kernel"].rate for k in timings.kept))
     return out
 
 

@@ -6,6 +6,9 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # seeded γ / tree choices read priors measured per CPU kind: pin the kind, so a test decides alike on any CPU
 os.environ.setdefault("HFSPEC_CPU_KIND", "avx512")
+# ...and the few-row verify kernel, which "auto" uses on AVX-512 and AMX kinds where the machine can build it: off
+# unless a test turns it on (tests/test_verify_linear.py), so that the suite computes alike on any CPU
+os.environ.setdefault("HFSPEC_ROWS_KERNEL", "off")
 sys.path.insert(0, str(Path(__file__).parent))
 
 import pytest  # noqa: E402

@@ -143,6 +143,26 @@ def test_off_and_a_bad_mode(kernel_env, monkeypatch):
         verify_linear.status()
 
 
+def test_auto_wants_it_on_the_measured_kinds_and_stays_quiet_where_it_cannot_run(kernel_env, monkeypatch):
+    monkeypatch.setenv(verify_linear.MODE_ENV, "auto")
+    monkeypatch.setattr(verify_linear, "applies", lambda: "")
+    wanted = {}
+    for kind in ("avx512", "amx", "avx2"):
+        monkeypatch.setenv("HFSPEC_CPU_KIND", kind)
+        wanted[kind] = verify_linear.wanted()
+    assert wanted == {"avx512": True, "amx": True, "avx2": False}
+    # an ARM machine takes the "cpu" (avx512) rows too: auto leaves it to F.linear without building or warning
+    monkeypatch.setenv("HFSPEC_CPU_KIND", "avx512")
+    monkeypatch.setattr(verify_linear, "applies", lambda: "the few-row kernel is built for x86-64 Linux only, not x")
+    assert not verify_linear.wanted()
+    assert "off" in verify_linear.status()
+    with verify_linear.installed(build("llama")) as routed:
+        assert routed == 0
+    assert verify_linear._built is None, "nothing was built"
+    monkeypatch.setenv(verify_linear.MODE_ENV, "on")  # the control: asked for by name, it is wanted (and warned)
+    assert verify_linear.wanted()
+
+
 def test_a_compiler_that_fails_leaves_f_linear_and_no_file(kernel_env, monkeypatch, tmp_path):
     if _buildable():
         pytest.skip(_buildable())

@@ -30,6 +30,12 @@ VERIFY_SLOPE_PRIOR = {("cpu", "float32"): {"chain": 0.125, "tree": 0.05},
                       ("cpu", "float32+prepack"): {"chain": 0.02, "tree": 0.03},
                       ("cpu", "bfloat16"): {"chain": 0.02, "tree": 0.02},
                       ("cpu", "float16"): {"chain": 0.02, "tree": 0.02},
+                      # through the few-row kernel (5 December 2026, late; benchmarks/results/epyc-2c-2026-12-05-
+                      # verify-width-rows.md): fp32 0.04 a position from 2 to 8 positions (which start at 0.56 of
+                      # MKL's one-token sgemv step), 0.05 from 8 to 32; bf16 0.02 from 2 to 8 (from 0.66 of oneDNN's
+                      # one-token step), 0.03 from 8 to 16
+                      ("cpu", "float32+rows"): {"chain": 0.04, "tree": 0.05},
+                      ("cpu", "bfloat16+rows"): {"chain": 0.02, "tree": 0.03},
                       # AVX2 (4 December 2026, the verify-width run below): fp32 0.18 a position at 5, 0.07 at 16;
                       # bf16 (no instructions for it) 0.44 a position at every width; fp16 taken to be alike
                       ("cpu-avx2", "float32"): {"chain": 0.18, "tree": 0.07},
@@ -160,6 +166,17 @@ VERIFY_CURVE_PRIOR = {
     # cheaper than 6 made seeded γ "auto" jump from γ 3 to γ 6 as α crossed 0.84 and never draft 4 or 5 (3 December,
     # gptq4-compiled; fixed γ 4 and 5 were 10–17 % faster than that run). Then the measured 16, 24 and 32.
     ("cpu", "bfloat16"): ((1, 1.0), (10, 1.2565), (16, 1.32), (24, 1.44), (32, 1.63)),
+    # With the target's 2-32-row fp32 and 2-16-row bf16 linears through the few-row kernel (`hfspec.kernels.
+    # verify_linear`, which a speculative decode uses on this kind), over the one-token step plain decoding takes
+    # (MKL's sgemv, oneDNN), 5 December 2026, late (benchmarks/results/epyc-2c-2026-12-05-verify-width-rows.md,
+    # 20 interleaved rounds, every kernel point within ±5 %): MKL is slow on this AMD CPU (its own fp32 curve was
+    # 1.57 at 2 positions and 1.31 at 5 in that run, as on 3 December), so a pass over 2-12 positions costs less
+    # than plain decoding's one-token step (fp32 5 positions 0.64, bf16 0.78). bf16 past 16 positions is oneDNN's
+    # (the kernel stops there), as measured in that run.
+    ("cpu", "float32+rows"): ((1, 1.0), (2, 0.56), (3, 0.59), (4, 0.65), (5, 0.64), (6, 0.70), (8, 0.80), (12, 0.89),
+                              (16, 1.23), (24, 1.57), (32, 2.07)),
+    ("cpu", "bfloat16+rows"): ((1, 1.0), (2, 0.66), (3, 0.68), (4, 0.77), (5, 0.78), (6, 0.77), (8, 0.78), (12, 0.90),
+                               (16, 1.04), (24, 1.58), (32, 1.77)),
     # The AVX2 CPU (AMD EPYC Zen 2, 4 December 2026, benchmarks/results/epyc-avx2-2c-2026-12-04-verify-width.md, every
     # point within ±4 %): fp32 much like AVX-512's (2.08× at 16); bf16, which this CPU has no instructions for, costs
     # 0.44 of a step per position (5 positions 2.77×, 16 positions 7.4×), though one position is the cheapest step.

@@ -10,8 +10,11 @@ little there). bf16's oneDNN product is flat over rows but reads its weights at 
 allows. This kernel multiplies each slice of a weight row into one accumulator per input row (bf16 through the
 CPU's bf16 dot products, accumulated in fp32 and rounded once, as oneDNN does) and prefetches two weight rows
 ahead, so memory reads and arithmetic overlap. A whole SmolLM2-135M pass over 5 positions then costs 1.22 of an
-fp32 one-token step instead of 1.56, and 0.78 of a bf16 one (oneDNN's) instead of 1.08
-(`benchmarks/bench_verify_width.py --dtypes float32+rows,bfloat16+rows`). What the target computes changes only
+fp32 one-token step instead of 1.56, and 0.78 of a bf16 one (oneDNN's) instead of 1.08 on the AMX Xeon; on the
+AVX-512 EPYC (Zen 4), where MKL is slow, 0.64 of an fp32 step instead of 1.34 and 0.78 of a bf16 one instead of
+1.14 (`benchmarks/bench_verify_width.py --dtypes float32+rows,bfloat16+rows`). On that EPYC the kernel also halves
+a one-row fp32 product (a whole step 27.5 ms against MKL's 55.6), so part of a speculative decode's speed-up there
+is the kernel's, not speculation's: `benchmarks/bench_results.py` times plain decoding through it as well. What the target computes changes only
 by float rounding (another summation order), as with any BLAS; one-row calls, prefill and fp16 keep `F.linear`.
 
 It is compiled once per machine with the C compiler on PATH (`cc`, or `$CC`) into `~/.cache/hfspec/kernels` (or
@@ -21,7 +24,8 @@ before first use, and rebuilt once if the library will not load. Where it cannot
 compiler, no AVX-512, an unusable folder) the verify pass keeps `F.linear`, a warning says why once per process,
 and so does `status()`.
 
-`$HFSPEC_ROWS_KERNEL`: "auto" (the default) uses it on the CPU kinds where it was measured faster (`ON_BY_KIND`),
+`$HFSPEC_ROWS_KERNEL`: "auto" (the default) uses it on the CPU kinds where it was measured faster (`ON_BY_KIND`:
+the AMX Xeon and the AVX-512 EPYC, where MKL is slow enough that even a 2-row pass costs 0.56 of its one-row step),
 "on" wherever it builds, "off" nowhere. The decoding loop routes a target's linears through it for the length of a
 speculative decode (`installed`) and restores them after; plain decoding is left as it is.
 """
@@ -61,9 +65,13 @@ MIN_ROWS = 2  # one-row calls keep F.linear (MKL's sgemv, oneDNN)
 # 1.50 against 1.24)
 DTYPES = {torch.float32: ("hfspec_rows_f32", 32), torch.bfloat16: ("hfspec_rows_bf16", 16)}
 MAX_ROWS = max(most for _, most in DTYPES.values())
-# CPU kinds (`hfspec.kernels.cpu`) where "auto" uses it: where a verify pass was measured cheaper with it
-# (the AMX Xeon, 5 December 2026, benchmarks/results/xeon-2c-2026-12-05-verify-width-rows.md)
-ON_BY_KIND = frozenset({"cpu-amx"})
+# CPU kinds (`hfspec.kernels.cpu`) where "auto" uses it: where a verify pass was measured cheaper with it: the AMX
+# Xeon (5 December 2026, benchmarks/results/xeon-2c-2026-12-05-verify-width-rows.md) and the AVX-512 EPYC (Zen 4,
+# 5 December 2026, benchmarks/results/epyc-2c-2026-12-05-verify-width-rows.md: MKL's sgemm and sgemv are slow on
+# that AMD CPU, and a whole fp32 pass over 5 positions cost 0.64 of an sgemv one-token step through the kernel
+# against 1.34 without it; bf16 0.78 against 1.14). On "cpu" a machine that is not x86-64 with AVX-512 (an ARM
+# machine takes the "cpu" rows too) is left to F.linear quietly in "auto" (`applies`).
+ON_BY_KIND = frozenset({"cpu", "cpu-amx"})
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 BUILD_TIMEOUT = 120  # seconds
 
@@ -85,9 +93,20 @@ def mode() -> str:
 
 
 def wanted() -> bool:
-    """Whether this machine's verify passes should use the kernel (`mode` and the CPU kind; built or not)."""
+    """Whether this machine's verify passes should use the kernel (`mode`, the CPU kind and `applies`; built or
+    not): "on" wants it anywhere (and warns where it cannot be built), "auto" only where it was measured faster."""
     chosen = mode()
-    return chosen == "on" or (chosen == "auto" and cpu_kind() in ON_BY_KIND)
+    return chosen == "on" or (chosen == "auto" and cpu_kind() in ON_BY_KIND and not applies())
+
+
+def applies() -> str:
+    """'' where the kernel can run on this machine (x86-64 Linux, a torch that dispatches AVX-512), else why not."""
+    if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"the few-row kernel is built for x86-64 Linux only, not {platform.system()} {platform.machine()}"
+    capability = torch.backends.cpu.get_cpu_capability().lower()
+    if "avx512" not in capability:
+        return f"the few-row kernel needs AVX-512 (this CPU: {capability})"
+    return ""
 
 
 def kernel() -> dict | None:
@@ -115,13 +134,14 @@ def reset() -> None:
         _built, _warned = None, False
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias) for fp32 or bf16 CPU tensors through the kernel when x has MIN_ROWS..MAX_ROWS
-    rows, the kernel is built and nothing needs a gradient; F.linear otherwise."""
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           min_rows: int = MIN_ROWS) -> torch.Tensor:
+    """F.linear(x, weight, bias) for fp32 or bf16 CPU tensors through the kernel when x has min_rows..the dtype's
+    most rows, the kernel is built and nothing needs a gradient; F.linear otherwise."""
     rows = x.numel() // weight.shape[1] if x.dim() and weight.dim() == 2 else 0
     fns = _built[0] if _built is not None else None
     dtype = weight.dtype
-    if (fns is None or dtype not in fns or not MIN_ROWS <= rows <= fns[dtype][1] or x.dtype != dtype
+    if (fns is None or dtype not in fns or not max(1, min_rows) <= rows <= fns[dtype][1] or x.dtype != dtype
             or x.device.type != "cpu" or weight.device.type != "cpu" or not weight.is_contiguous()
             or (bias is not None and (bias.dtype != dtype or not bias.is_contiguous()))
             or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
@@ -136,6 +156,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return linear(x, self.weight, self.bias)
+
+
+def _forward_one_row_too(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return linear(x, self.weight, self.bias, min_rows=1)
 
 
 def routable(module: nn.Module) -> bool:
@@ -159,10 +183,12 @@ def active_for(model: nn.Module) -> bool:
 
 
 @contextmanager
-def installed(model: nn.Module) -> Iterator[int]:
+def installed(model: nn.Module, one_row: bool = False) -> Iterator[int]:
     """Route `model`'s plain fp32 and bf16 CPU linears through `linear` inside the block (where `wanted` and built;
     yields how many), restoring each forward after. Modules another path already owns are left alone, so blocks nest;
-    a model whose verify passes must round as `generate` does (`BITWISE_VERIFY`) is left alone whole."""
+    a model whose verify passes must round as `generate` does (`BITWISE_VERIFY`) is left alone whole. `one_row`:
+    one-row calls too (what the benchmarks time plain decoding through, to tell the kernel's share of a speed-up
+    from speculation's; a speculative decode keeps one-row calls on F.linear)."""
     if get_attr(model, BITWISE_VERIFY):  # generate's one-token rounding, bit for bit: F.linear's own path
         yield 0
         return
@@ -173,7 +199,7 @@ def installed(model: nn.Module) -> Iterator[int]:
         return
     modules = [module for module in model.modules() if routable(module)]
     for module in modules:
-        module.__dict__["forward"] = types.MethodType(_forward, module)
+        module.__dict__["forward"] = types.MethodType(_forward_one_row_too if one_row else _forward, module)
     try:
         yield len(modules)
     finally:
@@ -191,12 +217,9 @@ def _warn_once(message: str) -> None:
 def _build() -> tuple[dict | None, str]:
     """Compile (or find compiled) and load the kernel, then check it against F.linear: (function, description) or
     (None, why not)."""
-    if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
-        where = f"{platform.system()} {platform.machine()}"
-        return None, f"the few-row kernel is built for x86-64 Linux only, not {where}"
-    capability = torch.backends.cpu.get_cpu_capability().lower()
-    if "avx512" not in capability:
-        return None, f"the few-row kernel needs AVX-512 (this CPU: {capability})"
+    why_not = applies()
+    if why_not:
+        return None, why_not
     compiler = _compiler()
     if compiler is None:
         return None, "no C compiler (cc or $CC) on PATH to build the few-row kernel"
