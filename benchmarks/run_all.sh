@@ -41,6 +41,7 @@ run() {  # run <title> <command...>: its output (stdout and stderr) into the fil
 run steps python bench_steps.py --models micro,stories260K,smollm2 --smollm2 "$SMOLLM2" --draft rtn4 --gamma 4
 run "verify width" python bench_verify_width.py --models smollm2-offgrid --smollm2-offgrid "$OFFGRID" \
     --dtypes float32,bfloat16 --widths 1,2,5,8,16,24,32
+run "round costs by γ" python bench_round_costs.py --models smollm2-offgrid --smollm2-offgrid "$OFFGRID" --dtypes float32,bfloat16 --temperatures 0,1
 run "tree level rows" python bench_level_rows.py --models smollm2-offgrid --smollm2-offgrid "$OFFGRID" --rows 1,2,4,8,16
 run engine python bench_engine.py --models micro,stories260K,smollm2 --smollm2 "$SMOLLM2" \
     --draft rtn4,rtn4-compiled --gamma 4 --max-new-tokens 128 --repeats 5

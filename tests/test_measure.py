@@ -214,6 +214,24 @@ def test_a_plausible_speedup_is_not_flagged():  # the negative control
     assert implausible(None, _passes(c_time=9.7, c_bytes=1.2)) == []  # a draft bigger than its target may be slow
 
 
+def test_a_verify_pass_cheaper_than_a_step_lifts_the_bound():
+    """Through the few-row kernel a verify pass may cost less than plain decoding's one-token step (SmolLM2 fp32 on
+    the AVX-512 EPYC: 0.64 at 5 positions), so the bound divides by that floor; the control: F.linear's floor 1."""
+    from hfspec.decoding.priors import verify_floor
+
+    spec = _passes(tokens_per_pass=3.8, gamma=4, c_time=0.2)
+    assert implausible(2.9, spec, _plain()), "F.linear: 2.9x is above what these passes allow"  # the control
+    spec.verify_floor = verify_floor("float32")  # the AVX-512 kind's kernel curve (tests pin the kind)
+    assert 0.5 < spec.verify_floor < 0.7
+    assert speedup_bound(spec, _plain()) == pytest.approx(3.8 * 1.1 / 1.8 / spec.verify_floor)
+    assert implausible(2.9, spec, _plain()) == []
+    flags = implausible(6.0, spec, _plain())  # still flagged past the lifted bound, naming the floor
+    assert len(flags) == 1 and "a verify pass ≥ 0.56 of a step" in flags[0]
+    assert verify_floor("float16") == 1.0  # no kernel curve: no floor below a step
+    merged = spec.merge(_passes())
+    assert merged.verify_floor == spec.verify_floor
+
+
 def test_a_measurement_with_impossible_pairs_is_flagged_not_presented():
     spec = _passes(tokens_per_pass=2.9, gamma=2, c_time=0.3)
     plain = _plain(116)  # the same 116 tokens

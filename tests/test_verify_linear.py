@@ -99,6 +99,18 @@ def test_greedy_text_through_the_kernel_is_the_targets(kernel_env, monkeypatch, 
     assert all("forward" not in m.__dict__ for m in target.modules()), "every linear restored after the decode"
 
 
+@needs_kernel
+def test_a_decode_through_the_kernel_records_its_verify_floor(kernel_env, monkeypatch):
+    target = build("llama")
+    draft = perturbed(target, 0.5)
+    ids = torch.tensor([[0, 5, 17]])
+    through = hfspec.generate(target, ids, draft=draft, gamma=3, temperature=0, max_new_tokens=12)
+    assert through.stats.verify_floor < 1.0
+    monkeypatch.setenv(verify_linear.MODE_ENV, "off")  # the control: F.linear's passes are no cheaper than a step
+    plain = hfspec.generate(target, ids, draft=draft, gamma=3, temperature=0, max_new_tokens=12)
+    assert plain.stats.verify_floor == 1.0
+
+
 def test_linears_are_routed_only_inside_the_block(kernel_env):
     if _buildable():
         pytest.skip(_buildable())

@@ -21,6 +21,7 @@ from hfspec.decoding.chain import Chain
 from hfspec.decoding.costmodel import RoundMeter, time_one_token_steps
 from hfspec.decoding.coupling import GumbelNoise
 from hfspec.decoding.gamma import GammaPolicy
+from hfspec.decoding.priors import verify_floor
 from hfspec.decoding.round import Committed, Proposal, Verdict
 from hfspec.decoding.scoring import Scorer
 from hfspec.decoding.stats import RoundEvent, SpecStats
@@ -65,8 +66,11 @@ def decode(target: torch.nn.Module, draft: Draft | None, input_ids: torch.Tensor
            attention_mask: torch.Tensor | None, job: DecodeJob) -> DecodeResult:
     """Generate until every row stops. `draft`: a `Draft` (see `hfspec.drafts.base`); None decodes plainly.
     A speculative decode's fp32 verify passes run the few-row kernel where it is on (`hfspec.kernels.verify_linear`)."""
-    with verify_linear.installed(target) if draft is not None and not isinstance(draft, NoDraft) else nullcontext():
+    with verify_linear.installed(target) if draft is not None and not isinstance(draft, NoDraft) else nullcontext() \
+            as routed:
         run = Run(target, draft, input_ids, attention_mask, job)
+        if routed:  # verify passes may cost less than plain decoding's step: the plausibility check's bound says so
+            run.stats.verify_floor = verify_floor(str(next(target.parameters()).dtype).removeprefix("torch."))
         while run.active:
             if run.user_stopped():
                 break

@@ -92,6 +92,10 @@ class SpecStats:
     draft_bytes: int = 0
     target_bytes: int = 0
     target_dtype: str = ""  # the target's parameter dtype ("float32", "bfloat16", ...), "" unknown
+    # the least a verify pass can cost in the target's plain one-token steps on the path its linears took: 1 with
+    # F.linear (a pass is no cheaper than a step); below 1 through the few-row kernel, which reads the weights
+    # faster than plain decoding's product (`hfspec.decoding.priors.verify_floor`); read by the plausibility check
+    verify_floor: float = 1.0
     stopped: bool = False
     stop_reasons: list[str] = field(default_factory=list)  # per row: eos | max_tokens | stop_criteria | user
     costs: CostRecord = field(default_factory=CostRecord)  # per-round seconds, for the cost model
@@ -232,6 +236,7 @@ class SpecStats:
         out.gamma_per_round = self.gamma_per_round + other.gamma_per_round
         out.draft_bytes, out.target_bytes = other.draft_bytes, other.target_bytes
         out.target_dtype = other.target_dtype or self.target_dtype
+        out.verify_floor = min(self.verify_floor, other.verify_floor)
         out.stopped = self.stopped or other.stopped
         out.stop_reasons = self.stop_reasons + other.stop_reasons
         out.costs = self.costs.merge(other.costs)

@@ -17,13 +17,16 @@ C_TIME_MAX = 3.0  # a draft forward costing more target forwards than this (draf
 
 def speedup_bound(spec: SpecStats, plain: SpecStats | None = None) -> float | None:
     """The most a speculative run with these passes can gain: tokens per pass × (plain seconds / plain forward
-    seconds) / (1 + γ̄·c_time). A round costs at least one verify pass (no cheaper than a plain step) plus its
-    draft forwards (c_time verify passes each); plain decoding pays its forward plus what it spends outside
-    forwards per token, which a round could at best share. None when the passes do not say (nothing timed)."""
+    seconds) / (verify floor × (1 + γ̄·c_time)). A round costs at least one verify pass plus its draft forwards
+    (c_time verify passes each), and a verify pass no less than `spec.verify_floor` plain steps (one with F.linear;
+    less through the few-row kernel, which reads the weights faster than plain decoding's product); plain decoding
+    pays its forward plus what it spends outside forwards per token, which a round could at best share. None when
+    the passes do not say (nothing timed)."""
     if not spec.target_passes or not spec.time_target:
         return None
     overhead = plain.time_total / plain.time_target if plain is not None and plain.time_target > 0 else 1.0
-    return spec.tokens_per_pass * max(1.0, overhead) / (1 + spec.mean_gamma * max(0.0, spec.c_time))
+    floor = min(1.0, max(0.1, getattr(spec, "verify_floor", 1.0) or 1.0))
+    return spec.tokens_per_pass * max(1.0, overhead) / (floor * (1 + spec.mean_gamma * max(0.0, spec.c_time)))
 
 
 def implausible(measured: float | None, spec: SpecStats | None, plain: SpecStats | None = None) -> list[str]:
@@ -39,7 +42,9 @@ def implausible(measured: float | None, spec: SpecStats | None, plain: SpecStats
     bound = speedup_bound(spec, plain)
     if measured and bound and measured > bound * (1 + PLAUSIBLE_SLACK):
         flags.append(f"implausible: measured {measured:.2f}× is above the {bound:.2f}× its own passes allow "
-                     f"({spec.tokens_per_pass:.2f} tokens per pass, γ̄ {spec.mean_gamma:.1f}, c_time {c:.2f}) — "
+                     f"({spec.tokens_per_pass:.2f} tokens per pass, γ̄ {spec.mean_gamma:.1f}, c_time {c:.2f}"
+                     + (f", a verify pass ≥ {spec.verify_floor:.2f} of a step" if spec.verify_floor < 1 else "")
+                     + ") — "
                      "the plain runs were slowed, not the speculative ones sped up")
     if measured is not None and measured < 0:
         flags.append(f"implausible: measured {measured:.2f}× is negative")
