@@ -95,19 +95,15 @@ def verify_slope_prior(device: str, dtype: str, shape: str = "chain") -> float:
 # A prepacked fp32 target (`hfspec.kernels.fast_linear.prepack`, key "float32+prepack") steps in 0.86x the time
 # of an unpacked one (3 December), so its draft costs 1/0.86 more of a step: fp32's factors × 1.16 (derived, not
 # timed on their own).
-# Then (5-6 December, the same CPU kind) timed inside decoding, where the seeded policy uses them
-# (benchmarks/bench_round_costs.py, SmolLM2 off the grid, gptq4-compiled, γ 2-7 on four prompts, two repeats;
-# benchmarks/results/epyc-2c-2026-12-06-round-costs.md): a round's draft seconds are a line in the tokens it
-# proposes, fp32 0.127 + 0.115 · k target steps, bf16 0.171 + 0.175 · k greedy and 0.243 + 0.161 · k at T = 1.
-# The int4 factors are those slopes over the bytes ratio (fp32 0.115 / 0.156 = 0.74, bf16 0.168 / 0.312 = 0.54),
-# the intercept `DRAFT_ROUND_PRIOR`; int8's are its steps timed alone × int4's decoding / alone ratio (0.76 fp32,
-# 0.73 bf16), prepacked fp32's × 1.16 as before. Priced as before (0.97, 0.74, no intercept), short rounds looked
-# cheap and seeded γ "auto" drafted 3.5 tokens a round in fp32 and 2.4 in bf16 at T = 1, 0.89-0.94x of a fixed γ 5
-# (benchmarks/results/epyc-2c-2026-12-05-results-rows-float32.md, …-12-06-results-rows-bfloat16.md).
-DRAFT_STEP_PRIOR = {("cpu", "float32"): {"int4": 0.74, "int8": 0.91, "other": 1.0},
-                    ("cpu", "float32+prepack"): {"int4": 0.86, "int8": 1.06, "other": 1.16},
-                    ("cpu", "bfloat16"): {"int4": 0.54, "int8": 0.62, "other": 0.8},
-                    ("cpu", "float16"): {"int4": 0.54, "int8": 0.62, "other": 0.8},
+# Timed inside decoding since (5-6 December, the same kind; benchmarks/bench_round_costs.py, SmolLM2 off the grid,
+# gptq4-compiled, γ 2-7 on four prompts, target verify passes through the few-row kernel): a round's draft seconds
+# are a line in the tokens it proposes, fp32 0.127 + 0.115 · k target steps (T = 1: 0.110 + 0.124 · k), bf16
+# 0.171 + 0.175 · k (T = 1: 0.243 + 0.161 · k): flatter slopes than these factors and an intercept of about one
+# draft step, as on the AMX Xeon. Not yet applied here: how seeded γ "auto" then chooses was not measured end to end.
+DRAFT_STEP_PRIOR = {("cpu", "float32"): {"int4": 0.97, "int8": 1.2, "other": 1.0},
+                    ("cpu", "float32+prepack"): {"int4": 1.12, "int8": 1.39, "other": 1.16},
+                    ("cpu", "bfloat16"): {"int4": 0.74, "int8": 0.85, "other": 0.8},
+                    ("cpu", "float16"): {"int4": 0.74, "int8": 0.85, "other": 0.8},
                     # The AVX2 CPU (4 December 2026, SmolLM2-135M off the grid, compiled steps;
                     # benchmarks/results/epyc-avx2-2c-2026-12-04-int4.md and …-int8.md): gptq4 (int4 kernel) c 0.208
                     # at bytes 0.156 in fp32 (1.33), 0.361 at 0.312 in bf16 (1.16); int8 0.276 / 0.288 at 0.25 in
@@ -146,10 +142,9 @@ def draft_step_prior(c_bytes: float, device: str = "cpu", dtype: str = "float32"
 # before it proposes. In draft steps c per round, measured inside decoding where it was measured (the Intel AMX CPU,
 # 5 December 2026, the run above: 0.22 of a target step per round in fp32 and 0.24 in bf16, 1.05 and 1.26 c). Without
 # it a seeded γ "auto" priced short rounds too cheaply there and drafted γ 2 where γ 5 was 7 % faster (fp32,
-# benchmarks/results/xeon-2c-2026-12-05-results-gamma.md). The AVX-512 EPYC ("cpu", 5-6 December, the
-# `DRAFT_STEP_PRIOR` run: 0.127 of a step per round in fp32, 0.171 / 0.243 in bf16: 1.1, 1.0 and 1.5 c): 1.1.
-# Kinds not listed: 0 (not measured).
-DRAFT_ROUND_PRIOR = {"cpu-amx": 1.15, "cpu": 1.1}
+# benchmarks/results/xeon-2c-2026-12-05-results-gamma.md). Kinds not listed: 0 (the AVX-512 EPYC's intercept,
+# measured since, is in the note above `DRAFT_STEP_PRIOR`, not yet applied).
+DRAFT_ROUND_PRIOR = {"cpu-amx": 1.15}
 
 
 def draft_round_prior(device: str = "cpu") -> float:
