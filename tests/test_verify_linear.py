@@ -81,10 +81,10 @@ def test_greedy_text_through_the_kernel_is_the_targets(kernel_env, monkeypatch, 
     calls = {"kernel": 0}
     original = verify_linear.linear
 
-    def counted(x, weight, bias=None):
+    def counted(x, weight, bias=None, min_rows=verify_linear.MIN_ROWS):
         rows = x.numel() // weight.shape[1]
-        calls["kernel"] += verify_linear.MIN_ROWS <= rows <= verify_linear.MAX_ROWS
-        return original(x, weight, bias)
+        calls["kernel"] += min_rows <= rows <= verify_linear.MAX_ROWS
+        return original(x, weight, bias, min_rows)
 
     monkeypatch.setattr(verify_linear, "linear", counted)
     out = hfspec.generate(target, ids, draft=draft, gamma=4, temperature=0, max_new_tokens=120, min_new_tokens=120)

@@ -70,7 +70,7 @@ def decode(target: torch.nn.Module, draft: Draft | None, input_ids: torch.Tensor
             as routed:
         run = Run(target, draft, input_ids, attention_mask, job)
         if routed:  # verify passes may cost less than plain decoding's step: the plausibility check's bound says so
-            run.stats.verify_floor = verify_floor(str(next(target.parameters()).dtype).removeprefix("torch."))
+            run.stats.verify_floor = verify_floor(run.stats.target_dtype)
         while run.active:
             if run.user_stopped():
                 break

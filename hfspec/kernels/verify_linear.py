@@ -33,6 +33,7 @@ speculative decode (`installed`) and restores them after; plain decoding is left
 from __future__ import annotations
 
 import ctypes
+import functools
 import glob
 import hashlib
 import os
@@ -141,7 +142,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     rows = x.numel() // weight.shape[1] if x.dim() and weight.dim() == 2 else 0
     fns = _built[0] if _built is not None else None
     dtype = weight.dtype
-    if (fns is None or dtype not in fns or not max(1, min_rows) <= rows <= fns[dtype][1] or x.dtype != dtype
+    if (fns is None or dtype not in fns or not min_rows <= rows <= fns[dtype][1] or x.dtype != dtype
             or x.device.type != "cpu" or weight.device.type != "cpu" or not weight.is_contiguous()
             or (bias is not None and (bias.dtype != dtype or not bias.is_contiguous()))
             or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
@@ -154,12 +155,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return y.view(*x.shape[:-1], n)
 
 
-def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return linear(x, self.weight, self.bias)
-
-
-def _forward_one_row_too(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return linear(x, self.weight, self.bias, min_rows=1)
+def _forward(self: nn.Linear, x: torch.Tensor, min_rows: int = MIN_ROWS) -> torch.Tensor:
+    return linear(x, self.weight, self.bias, min_rows)
 
 
 def routable(module: nn.Module) -> bool:
@@ -199,7 +196,8 @@ def installed(model: nn.Module, one_row: bool = False) -> Iterator[int]:
         return
     modules = [module for module in model.modules() if routable(module)]
     for module in modules:
-        module.__dict__["forward"] = types.MethodType(_forward_one_row_too if one_row else _forward, module)
+        module.__dict__["forward"] = types.MethodType(functools.partial(_forward, min_rows=1) if one_row else _forward,
+                                                     module)
     try:
         yield len(modules)
     finally:

@@ -25,7 +25,7 @@ def speedup_bound(spec: SpecStats, plain: SpecStats | None = None) -> float | No
     if not spec.target_passes or not spec.time_target:
         return None
     overhead = plain.time_total / plain.time_target if plain is not None and plain.time_target > 0 else 1.0
-    floor = min(1.0, max(0.1, getattr(spec, "verify_floor", 1.0) or 1.0))
+    floor = min(1.0, max(0.1, spec.verify_floor))
     return spec.tokens_per_pass * max(1.0, overhead) / (floor * (1 + spec.mean_gamma * max(0.0, spec.c_time)))
 
 
