@@ -98,12 +98,14 @@ def verify_slope_prior(device: str, dtype: str, shape: str = "chain") -> float:
 # Timed inside decoding since (5-6 December, the same kind; benchmarks/bench_round_costs.py, SmolLM2 off the grid,
 # gptq4-compiled, γ 2-7 on four prompts, target verify passes through the few-row kernel): a round's draft seconds
 # are a line in the tokens it proposes, fp32 0.127 + 0.115 · k target steps (T = 1: 0.110 + 0.124 · k), bf16
-# 0.171 + 0.175 · k (T = 1: 0.243 + 0.161 · k): flatter slopes than these factors and an intercept of about one
-# draft step, as on the AMX Xeon. Not yet applied here: how seeded γ "auto" then chooses was not measured end to end.
-DRAFT_STEP_PRIOR = {("cpu", "float32"): {"int4": 0.97, "int8": 1.2, "other": 1.0},
-                    ("cpu", "float32+prepack"): {"int4": 1.12, "int8": 1.39, "other": 1.16},
-                    ("cpu", "bfloat16"): {"int4": 0.74, "int8": 0.85, "other": 0.8},
-                    ("cpu", "float16"): {"int4": 0.74, "int8": 0.85, "other": 0.8},
+# 0.171 + 0.175 · k (T = 1: 0.243 + 0.161 · k): flatter slopes than the factors timed alone (int4 0.97 fp32, 0.74
+# bf16) and an intercept of about one draft step, as on the AMX Xeon. The int4 factors are now those slopes over the
+# bytes ratio (0.115 / 0.156 = 0.74 fp32, 0.175 / 0.312 = 0.56 → 0.54 with T = 1's 0.52), int8's and prepack's the
+# old ones scaled alike (× 0.76 fp32, × 0.73 bf16; derived, not timed), and the intercept is `DRAFT_ROUND_PRIOR`.
+DRAFT_STEP_PRIOR = {("cpu", "float32"): {"int4": 0.74, "int8": 0.91, "other": 1.0},
+                    ("cpu", "float32+prepack"): {"int4": 0.86, "int8": 1.06, "other": 1.16},
+                    ("cpu", "bfloat16"): {"int4": 0.54, "int8": 0.62, "other": 0.8},
+                    ("cpu", "float16"): {"int4": 0.54, "int8": 0.62, "other": 0.8},
                     # The AVX2 CPU (4 December 2026, SmolLM2-135M off the grid, compiled steps;
                     # benchmarks/results/epyc-avx2-2c-2026-12-04-int4.md and …-int8.md): gptq4 (int4 kernel) c 0.208
                     # at bytes 0.156 in fp32 (1.33), 0.361 at 0.312 in bf16 (1.16); int8 0.276 / 0.288 at 0.25 in
@@ -142,9 +144,9 @@ def draft_step_prior(c_bytes: float, device: str = "cpu", dtype: str = "float32"
 # before it proposes. In draft steps c per round, measured inside decoding where it was measured (the Intel AMX CPU,
 # 5 December 2026, the run above: 0.22 of a target step per round in fp32 and 0.24 in bf16, 1.05 and 1.26 c). Without
 # it a seeded γ "auto" priced short rounds too cheaply there and drafted γ 2 where γ 5 was 7 % faster (fp32,
-# benchmarks/results/xeon-2c-2026-12-05-results-gamma.md). Kinds not listed: 0 (the AVX-512 EPYC's intercept,
-# measured since, is in the note above `DRAFT_STEP_PRIOR`, not yet applied).
-DRAFT_ROUND_PRIOR = {"cpu-amx": 1.15}
+# benchmarks/results/xeon-2c-2026-12-05-results-gamma.md). The AVX-512 EPYC ("cpu", 5-6 December, in the note above
+# `DRAFT_STEP_PRIOR`): 0.127 / 0.115 = 1.1 draft steps in fp32, 0.98 in bf16 (1.5 at T = 1). Kinds not listed: 0.
+DRAFT_ROUND_PRIOR = {"cpu": 1.1, "cpu-amx": 1.15}
 
 
 def draft_round_prior(device: str = "cpu") -> float:
