@@ -30,6 +30,7 @@ from hfspec.decoding.verifier import Verifier
 from hfspec.drafts import make_draft as _make_draft
 from hfspec.drafts import weight_bytes as draft_weight_bytes
 from hfspec.drafts.base import NoDraft, as_draft
+from hfspec.dtypes import model_dtype_str
 from hfspec.kernels import fast_linear, verify_linear
 
 
@@ -75,7 +76,7 @@ def speculative_generate(
                                                   stopping_criteria, streamer, stop_strings)
     streamer = streamer if streamer is not None else given_to_generate("streamer")
     stats = SpecStats(target_bytes=weight_bytes(model), draft_bytes=weight_bytes(request.draft),
-                      target_dtype=_dtype_name(model))
+                      target_dtype=model_dtype_str(model))
     prices = _Prices.of(model, request.draft, stats, input_ids.device)
     eos = generation_config._eos_token_tensor
     if request.plain:
@@ -273,14 +274,6 @@ def _verifier(request: Request, stats: SpecStats, prices: _Prices) -> Verifier:
 def weight_bytes(model) -> int:
     """Bytes of a model's weights (packed storage counted as stored; shared tensors once); 0 for no model."""
     return 0 if model is None else int(draft_weight_bytes(model))
-
-
-def _dtype_name(model) -> str:
-    """The dtype of the model's first floating-point parameter ("" for none)."""
-    for p in model.parameters():
-        if p.is_floating_point():
-            return str(p.dtype).replace("torch.", "")
-    return ""
 
 
 def make_draft(target, spec, **options):

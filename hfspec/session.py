@@ -27,6 +27,7 @@ import torch
 
 from hfspec.api import generate
 from hfspec.drafts import registry
+from hfspec.dtypes import dtype_str
 from hfspec.errors import HfspecError
 from hfspec.io import memory
 from hfspec.io.loading import load_model, load_tokenizer, parse_dtype
@@ -333,7 +334,7 @@ def _check_prepack_request(dtype) -> None:
 def _prepack(model) -> str:
     """Prepack the loaded target's linear weights (`hfspec.kernels.fast_linear.prepack`), after checking that it is
     float32 on the CPU; returns the progress line saying how many bytes that added."""
-    kinds = sorted({(str(p.dtype).removeprefix("torch."), p.device.type) for p in model.parameters()
+    kinds = sorted({(dtype_str(p.dtype), p.device.type) for p in model.parameters()
                     if p.is_floating_point()})
     if kinds != [("float32", "cpu")]:
         got = " and ".join(f"{dtype} on {device}" for dtype, device in kinds) or "no floating-point weights"

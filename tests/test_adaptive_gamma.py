@@ -328,12 +328,11 @@ def test_the_drafts_fidelity_is_the_alpha_prior(monkeypatch):
     weak prior (α 0.5 worth 2 tokens, what a draft without a measured fidelity gets) drops to γ ≤ 1 on that round."""
     from hfspec import api
     from hfspec.attrs import FIDELITY, get_attr
+    from hfspec.decoding import priors
     from hfspec.decoding.priors import prior_model
     from hfspec.decoding.stats import SpecStats
     from hfspec.errors import HfspecError
     from hfspec.io.loading import load_model
-
-    from hfspec.decoding import priors
 
     # no round intercept: with one, γ 1 at α 0.33 no longer pays and THIN_ALPHA's guard, not the prior, keeps drafting
     monkeypatch.setattr(priors, "DRAFT_ROUND_PRIOR", {})

@@ -132,7 +132,7 @@ def _package(name: str) -> str:
     return parts[1] if len(parts) > 1 else "hfspec"
 
 
-BASE = {"errors", "extras", "compat", "validate", "attrs"}  # used from everywhere
+BASE = {"errors", "extras", "compat", "validate", "attrs", "dtypes"}  # used from everywhere
 FRONT = {"api", "cli", "session", "settings", "report", "live", "hub_export", "hfspec", "__main__"}
 # package -> the packages and top-level modules it must never import
 FORBIDDEN = {
@@ -148,6 +148,8 @@ FORBIDDEN = {
     "compat": FRONT | {"quant", "kernels", "drafts", "decoding", "measure", "io", "audit", "validate"},
     "attrs": FRONT | {"quant", "kernels", "drafts", "decoding", "measure", "io", "audit", "validate", "errors", "extras",
                       "compat"},
+    "dtypes": FRONT | {"quant", "kernels", "drafts", "decoding", "measure", "io", "audit", "validate", "errors", "extras",
+                       "compat", "attrs"},
     "validate": FRONT | {"quant", "drafts", "decoding", "measure", "io", "audit"},
 }
 # (importer, imported): the exceptions, each with its reason

@@ -71,6 +71,31 @@ def test_the_kernel_computes_f_linear_on_every_row_count(kernel_env):
 
 
 @needs_kernel
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it(kernel_env):
+    """Every row of a many-row call is bit for bit that row computed alone, whatever the call's chunks (16 rows as
+    8 + 8) and however the rows of w are paired (odd N leaves a single row): a position's logits in a verify pass do
+    not depend on how many positions the pass holds. Control: F.linear's one-row product (MKL's sgemv sums in
+    another order) differs from the kernel's in some bits."""
+    assert verify_linear.kernel() is not None, verify_linear.status()
+    generator = torch.Generator().manual_seed(5)
+    for dtype in (torch.float32, torch.bfloat16):
+        most = verify_linear.DTYPES[dtype][1]
+        for k, n in ((576, 199), (1536, 64), (45, 9)):
+            w = torch.randn(n, k, generator=generator).to(dtype)
+            b = torch.randn(n, generator=generator).to(dtype)
+            for rows in (2, 3, 5, 8, 12, 13, 16, 24, 32):
+                if rows > most:
+                    continue
+                x = torch.randn(rows, k, generator=generator).to(dtype)
+                together = verify_linear.linear(x, w, b)
+                alone = torch.cat([verify_linear.linear(x[i:i + 1], w, b, min_rows=1) for i in range(rows)])
+                assert torch.equal(together, alone), (dtype, k, n, rows)
+    x = torch.randn(1, 576, generator=generator)
+    w = torch.randn(256, 576, generator=generator)
+    assert not torch.equal(verify_linear.linear(x, w, min_rows=1), F.linear(x, w))
+
+
+@needs_kernel
 @pytest.mark.parametrize("arch,dtype", [("llama", torch.float32), ("qwen2", torch.float32), ("opt", torch.float32),
                                         ("llama", torch.bfloat16)])
 def test_greedy_text_through_the_kernel_is_the_targets(kernel_env, monkeypatch, arch, dtype):

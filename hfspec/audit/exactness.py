@@ -30,6 +30,7 @@ import torch
 
 from hfspec.api import generate, make_draft
 from hfspec.attrs import BITWISE_VERIFY, del_attr, has_attr, set_attr
+from hfspec.dtypes import dtype_str
 from hfspec.errors import HfspecError
 from hfspec.io.loading import parse_dtype
 from hfspec.kernels import cache as kv
@@ -41,7 +42,6 @@ SAFETY = 2.0
 
 NEAR_TIE, UNEXPLAINED, IDENTICAL = "near-tie", "UNEXPLAINED", "identical"
 
-DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def dtype_of(model_or_dtype) -> torch.dtype:
@@ -65,7 +65,7 @@ def exactness_note(dtype) -> str:
     dtype = dtype_of(dtype)
     if dtype == torch.float32:
         return ""
-    name = DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", ""))
+    name = dtype_str(dtype)
     return (f"{name} target: sampling follows the target's distribution and greedy text equals generate's token "
             f"for token except at near-ties (the top two logits closer than {name} rounding, where a one-token "
             "and a multi-token forward can pick differently); check your pair with `hfspec audit`.")
@@ -158,7 +158,7 @@ def check_greedy(target, draft, prompts, max_new_tokens: int = 64, gamma: int = 
         spec = generate(target, ids, attention_mask=mask, draft=draft, gamma=gamma, temperature=0,
                                max_new_tokens=max_new_tokens, **generate_kwargs)
         rows.append(explain(target, ids, plain, spec.sequences, index, gamma, safety))
-    return GreedyReport(DTYPE_NAMES.get(dtype_of(target), str(dtype_of(target))), gamma, max_new_tokens, safety, rows)
+    return GreedyReport(dtype_str(dtype_of(target)), gamma, max_new_tokens, safety, rows)
 
 
 def explain(target, ids: torch.Tensor, plain, spec_sequences: torch.Tensor, index: int, gamma: int,

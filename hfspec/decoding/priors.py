@@ -33,8 +33,9 @@ VERIFY_SLOPE_PRIOR = {("cpu", "float32"): {"chain": 0.125, "tree": 0.05},
                       # through the few-row kernel (5 December 2026, late; benchmarks/results/epyc-2c-2026-12-05-
                       # verify-width-rows.md): fp32 0.04 a position from 2 to 8 positions (which start at 0.56 of
                       # MKL's one-token sgemv step), 0.05 from 8 to 32; bf16 0.02 from 2 to 8 (from 0.66 of oneDNN's
-                      # one-token step), 0.03 from 8 to 16
-                      ("cpu", "float32+rows"): {"chain": 0.04, "tree": 0.05},
+                      # one-token step), 0.03 from 8 to 16; fp32 from 8 to 32 0.036 since its pairs of weight rows
+                      # (6 December, …-2026-12-06-verify-width-rows-pairs.md: 16 positions 1.02, 32 1.66)
+                      ("cpu", "float32+rows"): {"chain": 0.04, "tree": 0.04},
                       ("cpu", "bfloat16+rows"): {"chain": 0.02, "tree": 0.03},
                       # AVX2 (4 December 2026, the verify-width run below): fp32 0.18 a position at 5, 0.07 at 16;
                       # bf16 (no instructions for it) 0.44 a position at every width; fp16 taken to be alike
@@ -180,9 +181,12 @@ VERIFY_CURVE_PRIOR = {
     # 20 interleaved rounds, every kernel point within ±5 %): MKL is slow on this AMD CPU (its own fp32 curve was
     # 1.57 at 2 positions and 1.31 at 5 in that run, as on 3 December), so a pass over 2-12 positions costs less
     # than plain decoding's one-token step (fp32 5 positions 0.64, bf16 0.78). bf16 past 16 positions is oneDNN's
-    # (the kernel stops there), as measured in that run.
-    ("cpu", "float32+rows"): ((1, 1.0), (2, 0.56), (3, 0.59), (4, 0.65), (5, 0.64), (6, 0.70), (8, 0.80), (12, 0.89),
-                              (16, 1.23), (24, 1.57), (32, 2.07)),
+    # (the kernel stops there), as measured in that run. fp32 from 12 positions on is the kernel with pairs of weight
+    # rows (6 December, benchmarks/results/epyc-2c-2026-12-06-verify-width-rows-pairs.md, beside the single-row body
+    # in the same session: 12 positions 0.88 against 0.91, 16 1.02 against 1.22, 24 1.30 against 1.56, 32 1.66
+    # against 2.01; 2-8 positions alike within their intervals, so those points stay).
+    ("cpu", "float32+rows"): ((1, 1.0), (2, 0.56), (3, 0.59), (4, 0.65), (5, 0.64), (6, 0.70), (8, 0.80), (12, 0.88),
+                              (16, 1.02), (24, 1.30), (32, 1.66)),
     ("cpu", "bfloat16+rows"): ((1, 1.0), (2, 0.66), (3, 0.68), (4, 0.77), (5, 0.78), (6, 0.77), (8, 0.78), (12, 0.90),
                                (16, 1.04), (24, 1.58), (32, 1.77)),
     # The AVX2 CPU (AMD EPYC Zen 2, 4 December 2026, benchmarks/results/epyc-avx2-2c-2026-12-04-verify-width.md, every

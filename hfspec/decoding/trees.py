@@ -41,6 +41,7 @@ from hfspec.decoding.tree_forward import feed_token_tree, forward_level, keep_ca
 from hfspec.decoding.tree_shape import AutoShape, TreeShape
 from hfspec.decoding.verifier import RoundState
 from hfspec.drafts.base import ModelDraft
+from hfspec.dtypes import dtype_str
 from hfspec.kernels import cache as kv
 from hfspec.kernels.kv_model import CachedModel
 from hfspec.kernels.lean import LeanRunner
@@ -118,11 +119,11 @@ def draft_storage(runner) -> str:
             kind = "int4" if module.int4 else "int8" if module.int8 else None
             if kind is None:
                 weight = getattr(module, "weight", None)
-                kind = str(weight.dtype).removeprefix("torch.") if weight is not None else "float32"
+                kind = dtype_str(weight.dtype) if weight is not None else "float32"
             counts[kind] = counts.get(kind, 0) + module.out_features * module.in_features
     if not counts:
         for p in model.parameters():
-            kind = str(p.dtype).removeprefix("torch.")
+            kind = dtype_str(p.dtype)
             counts[kind] = counts.get(kind, 0) + p.numel()
     return max(counts, key=counts.get) if counts else "float32"
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from hfspec.dtypes import dtype_str
 from hfspec.errors import HfspecError
 
 ENV = "HFSPEC_AVAILABLE_MEMORY"
@@ -141,9 +142,9 @@ def check_fits(folder, dtype, role: str = "model", available: int | None = None)
 def dtype_name(folder, dtype) -> str:
     """How a load's dtype reads in messages: "bfloat16"; for "auto", the saved dtype when config.json names it."""
     if isinstance(dtype, torch.dtype):
-        return str(dtype).replace("torch.", "")
+        return dtype_str(dtype)
     saved = checkpoint_dtype(folder)
-    return str(saved).replace("torch.", "") if saved else str(dtype)
+    return dtype_str(saved) if saved else str(dtype)
 
 
 def _name(dtype, folder) -> str:

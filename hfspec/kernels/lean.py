@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hfspec.attrs import LEAN_STEP, STEP_PATH, get_attr, set_attr
+from hfspec.dtypes import dtype_str
 from hfspec.errors import HfspecError
 from hfspec.kernels.compiled import COMPILED_FEED_MAX, CompiledStep
 from hfspec.kernels.kv_model import CachedModel
@@ -176,7 +177,7 @@ class LeanDecoder(nn.Module):
         paths = sorted({lin.path for block in self.blocks for lin in block.linears()} | {self.head.path})
         rescored = (f"; the head's top {self.head_top} logits re-scored with the target's head rows"
                     if self.head_top else "; the target's own head (small)" if small and bits is not None else "")
-        set_attr(self, STEP_PATH, f"lean decode step for a {_dtype_name(self.target_dtype)} target (fp32 "
+        set_attr(self, STEP_PATH, f"lean decode step for a {dtype_str(self.target_dtype)} target (fp32 "
                  f"activations and logits; input embedding read from the target's table; {'; '.join(paths)}{rescored})")
         self.compiled_step = None
 
@@ -371,5 +372,3 @@ def _attention_mask(start: int, end: int, steps: int, valid: torch.Tensor | None
     return mask if valid is None else mask & valid[:, None, None, :end].bool()
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")

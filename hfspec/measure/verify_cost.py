@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from hfspec.decoding.costmodel import CostModel
 from hfspec.decoding.priors import cpu_kind
+from hfspec.dtypes import dtype_str
 
 VERIFY_BOTTLENECK = 1.5  # verify pass / one-token step above which the verify pass is called the bottleneck
 
@@ -62,7 +63,7 @@ def advice(stats, baseline, dtype=None, switch: str = CLI_SWITCH) -> str | None:
     ratio = verify_ratio(stats, baseline)
     if ratio is None or ratio <= VERIFY_BOTTLENECK:
         return None
-    name = str(dtype).replace("torch.", "") if dtype is not None else (getattr(stats, "target_dtype", "") or None)
+    name = dtype_str(dtype) if dtype is not None else (getattr(stats, "target_dtype", "") or None)
     avx2 = cpu_kind() == "cpu-avx2"
     head = f"verify pass {ratio:.1f}× a one-token step: "
     if name in ("bfloat16", "float16"):

@@ -33,6 +33,7 @@ import time
 
 import torch
 
+from hfspec.dtypes import dtype_str
 from hfspec.errors import HfspecError
 from hfspec.io import memory
 from hfspec.io.loading.checks import _LOAD_LOCK, check_loaded, drop_gguf_quantizer
@@ -109,7 +110,7 @@ def load_model(
         need_gguf(role, src)
     if torch_dtype is None:  # the checkpoint's own dtype, as transformers 5 loads it; GGUF dequantises to fp32
         torch_dtype = torch.float32 if src.gguf_file else "auto"
-    dtype_name = torch_dtype if isinstance(torch_dtype, str) else str(torch_dtype).replace("torch.", "")
+    dtype_name = dtype_str(torch_dtype)
     if src.local and not src.gguf_file and describe_placement(dev, dmap) == "cpu":
         memory.check_fits(src.path, torch_dtype, role)  # too big for RAM: a clear error now, not an OOM kill later
         dtype_name = memory.dtype_name(src.path, torch_dtype)
