@@ -235,6 +235,29 @@ def test_seeded_gamma_follows_alpha_smoothly_in_bf16():
         priors.VERIFY_CURVE_PRIOR[("cpu", "bfloat16")] = saved
     assert max(b - a for a, b in zip(jumpy, jumpy[1:], strict=False)) >= 2 and 5 not in jumpy, jumpy
 
+def test_seeded_gamma_through_the_bf16_kernel_follows_alpha_smoothly(monkeypatch):
+    """Through the few-row kernel bf16's verify prior is the line its passes cost inside decoding, so between α 0.68
+    and 0.90 no 0.02 of α moves a seeded γ "auto" by more than 1 and γ 3 and 4 are drafted on the way. Control: the
+    points timed alone (3 positions 0.68, 4 positions 0.77) jump from γ 2 to γ 5 and never draft γ 3 or 4 there."""
+    from hfspec.decoding import priors
+
+    monkeypatch.setenv("HFSPEC_CPU_KIND", "avx512")
+    c = priors.draft_step_prior(0.312, "cpu", "bfloat16", "int4")  # gptq4-compiled on SmolLM2-135M
+
+    def choices():
+        model = priors.prior_model(c, "cpu", "bfloat16+rows")
+        return [best_gamma(model, Acceptance(a / 100), 12)[0] for a in range(68, 92, 2)]
+
+    smooth = choices()
+    assert all(0 <= b - a <= 1 for a, b in zip(smooth, smooth[1:], strict=False)), smooth
+    assert {3, 4} <= set(smooth)
+    alone = ((1, 1.0), (2, 0.66), (3, 0.68), (4, 0.77), (5, 0.78), (6, 0.77), (8, 0.78), (12, 0.90), (16, 1.04),
+             (24, 1.58), (32, 1.77))
+    monkeypatch.setitem(priors.VERIFY_CURVE_PRIOR, ("cpu", "bfloat16+rows"), alone)
+    jumpy = choices()
+    assert max(b - a for a, b in zip(jumpy, jumpy[1:], strict=False)) >= 3 and not {3, 4} & set(jumpy), jumpy
+
+
 def test_seeded_draft_step_prior_knows_the_drafts_kernel():
     """The draft step's prior is priced by the kernel holding most of its weights: a bf16 target's int4 step
     (gptq4-compiled: c 0.19–0.27 at bytes 0.312 on two days) is cheaper than its int8 one per byte. At α 0.85 the

@@ -187,7 +187,12 @@ VERIFY_CURVE_PRIOR = {
     # against 2.01; 2-8 positions alike within their intervals, so those points stay).
     ("cpu", "float32+rows"): ((1, 1.0), (2, 0.56), (3, 0.59), (4, 0.65), (5, 0.64), (6, 0.70), (8, 0.80), (12, 0.88),
                               (16, 1.02), (24, 1.30), (32, 1.66)),
-    ("cpu", "bfloat16+rows"): ((1, 1.0), (2, 0.66), (3, 0.68), (4, 0.77), (5, 0.78), (6, 0.77), (8, 0.78), (12, 0.90),
+    # bf16 from 2 to 8 positions is the line that verify passes cost inside decoding (6 December,
+    # benchmarks/results/epyc-2c-2026-12-06-round-costs-gptq4-bfloat16.md and …-round-costs-int8.md: 0.70-0.78 of a
+    # step a round for 3-8 positions, greedy and T = 1, in no order), not the points timed alone (3 positions 0.68,
+    # 4 0.77): that step made a seeded γ "auto" jump from γ 2 at α 0.78 to γ 5 at 0.80, and at T = 1, where α sits
+    # there, it drafted γ 2 for most rounds (3.28 tokens a pass against γ 5's 4.23).
+    ("cpu", "bfloat16+rows"): ((1, 1.0), (2, 0.71), (3, 0.72), (4, 0.73), (5, 0.74), (6, 0.75), (8, 0.77), (12, 0.90),
                                (16, 1.04), (24, 1.58), (32, 1.77)),
     # The AVX2 CPU (AMD EPYC Zen 2, 4 December 2026, benchmarks/results/epyc-avx2-2c-2026-12-04-verify-width.md, every
     # point within ±4 %): fp32 much like AVX-512's (2.08× at 16); bf16, which this CPU has no instructions for, costs
@@ -232,12 +237,20 @@ def verify_prior(n: int, device: str = "cpu", dtype: str = "float32") -> float:
     return points[-1][1]
 
 
+# The least a kernel pass of 2 or more positions was timed at alone, where the curve above is not those points (the
+# EPYC's bf16 curve is decoding's line): 3 positions 0.57 of a step (6 December, …-verify-width-rows-pairs.md).
+VERIFY_FLOOR_PRIOR = {("cpu", "bfloat16+rows"): 0.57}
+
+
 def verify_floor(dtype: str, device: str = "cpu") -> float:
     """The least a verify pass of 2 or more positions through the few-row kernel costs in plain one-token steps on
-    this CPU kind (the lowest point of its "+rows" `VERIFY_CURVE_PRIOR`; 1.0 where none is measured): the floor the
-    plausibility check (`hfspec.measure.plausible.speedup_bound`) prices a verify pass at, instead of one step."""
-    points = _cpu_entry(VERIFY_CURVE_PRIOR, device, dtype + "+rows") if device in CPU_KIND_DEVICES else None
-    return min([1.0] + [t for n, t in points or () if n >= 2])
+    this CPU kind (the lowest point of its "+rows" `VERIFY_CURVE_PRIOR`, or `VERIFY_FLOOR_PRIOR` if lower; 1.0 where
+    none is measured): the floor the plausibility check (`hfspec.measure.plausible.speedup_bound`) prices a verify
+    pass at, instead of one step."""
+    key = next((k for k in _cpu_keys(device, dtype + "+rows") if k in VERIFY_CURVE_PRIOR), None)
+    if device not in CPU_KIND_DEVICES or key is None:
+        return 1.0
+    return min([1.0, VERIFY_FLOOR_PRIOR.get(key, 1.0)] + [t for n, t in VERIFY_CURVE_PRIOR[key] if n >= 2])
 
 
 @dataclass

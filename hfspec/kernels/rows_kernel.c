@@ -23,59 +23,59 @@
 #define PAIR_ROWS 6
 
 /* ------------------------------------------------------------------------------------------------ fp32 */
-#define F32_BODY(M)                                                                                                 \
-  for (int64_t n = n0; n < n1; n++) {                                                                               \
-    const float* wn = w + n * K;                                                                                    \
-    __m512 acc[M];                                                                                                  \
-    for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();                                                       \
-    int64_t k = 0;                                                                                                  \
-    for (; k + 16 <= K; k += 16) {                                                                                  \
-      _mm_prefetch((const char*)(wn + PREFETCH_ROWS * K + k), _MM_HINT_T0);                                         \
-      __m512 wv = _mm512_loadu_ps(wn + k);                                                                          \
-      for (int m = 0; m < M; m++) acc[m] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * K + k), wv, acc[m]);             \
-    }                                                                                                               \
-    if (k < K) {                                                                                                    \
-      __mmask16 mask = (__mmask16)((1u << (K - k)) - 1u);                                                           \
-      __m512 wv = _mm512_maskz_loadu_ps(mask, wn + k);                                                              \
+#define F32_BODY(M)                                                                                                \
+  for (int64_t n = n0; n < n1; n++) {                                                                              \
+    const float* wn = w + n * K;                                                                                   \
+    __m512 acc[M];                                                                                                 \
+    for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();                                                      \
+    int64_t k = 0;                                                                                                 \
+    for (; k + 16 <= K; k += 16) {                                                                                 \
+      _mm_prefetch((const char*)(wn + PREFETCH_ROWS * K + k), _MM_HINT_T0);                                        \
+      __m512 wv = _mm512_loadu_ps(wn + k);                                                                         \
+      for (int m = 0; m < M; m++) acc[m] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * K + k), wv, acc[m]);            \
+    }                                                                                                              \
+    if (k < K) {                                                                                                   \
+      __mmask16 mask = (__mmask16)((1u << (K - k)) - 1u);                                                          \
+      __m512 wv = _mm512_maskz_loadu_ps(mask, wn + k);                                                             \
       for (int m = 0; m < M; m++) acc[m] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, x + m * K + k), wv, acc[m]); \
-    }                                                                                                               \
-    float bn = b ? b[n] : 0.0f;                                                                                     \
-    for (int m = 0; m < M; m++) y[m * N + n] = _mm512_reduce_add_ps(acc[m]) + bn;                                   \
+    }                                                                                                              \
+    float bn = b ? b[n] : 0.0f;                                                                                    \
+    for (int m = 0; m < M; m++) y[m * N + n] = _mm512_reduce_add_ps(acc[m]) + bn;                                  \
   }
 
 /* Two rows of w at a time (n, n + 1): each load of a row of x feeds two accumulators, which halves the loads of x
  * per multiply; every output is summed in the same order as by F32_BODY, so the results are bit for bit the same. */
-#define F32_PAIRS(M)                                                                                                \
-  for (; n0 + 2 <= n1; n0 += 2) {                                                                                   \
-    const float* w0 = w + n0 * K;                                                                                   \
-    const float* w1 = w0 + K;                                                                                       \
-    __m512 a0[M], a1[M];                                                                                            \
-    for (int m = 0; m < M; m++) a0[m] = a1[m] = _mm512_setzero_ps();                                                \
-    int64_t k = 0;                                                                                                  \
-    for (; k + 16 <= K; k += 16) {                                                                                  \
-      _mm_prefetch((const char*)(w0 + PREFETCH_ROWS * K + k), _MM_HINT_T0);                                         \
-      _mm_prefetch((const char*)(w1 + PREFETCH_ROWS * K + k), _MM_HINT_T0);                                         \
-      __m512 v0 = _mm512_loadu_ps(w0 + k), v1 = _mm512_loadu_ps(w1 + k);                                            \
-      for (int m = 0; m < M; m++) {                                                                                 \
-        __m512 xv = _mm512_loadu_ps(x + m * K + k);                                                                 \
-        a0[m] = _mm512_fmadd_ps(xv, v0, a0[m]);                                                                     \
-        a1[m] = _mm512_fmadd_ps(xv, v1, a1[m]);                                                                     \
-      }                                                                                                             \
-    }                                                                                                               \
-    if (k < K) {                                                                                                    \
-      __mmask16 mask = (__mmask16)((1u << (K - k)) - 1u);                                                           \
-      __m512 v0 = _mm512_maskz_loadu_ps(mask, w0 + k), v1 = _mm512_maskz_loadu_ps(mask, w1 + k);                    \
-      for (int m = 0; m < M; m++) {                                                                                 \
-        __m512 xv = _mm512_maskz_loadu_ps(mask, x + m * K + k);                                                     \
-        a0[m] = _mm512_fmadd_ps(xv, v0, a0[m]);                                                                     \
-        a1[m] = _mm512_fmadd_ps(xv, v1, a1[m]);                                                                     \
-      }                                                                                                             \
-    }                                                                                                               \
-    float b0 = b ? b[n0] : 0.0f, b1 = b ? b[n0 + 1] : 0.0f;                                                         \
-    for (int m = 0; m < M; m++) {                                                                                   \
-      y[m * N + n0] = _mm512_reduce_add_ps(a0[m]) + b0;                                                             \
-      y[m * N + n0 + 1] = _mm512_reduce_add_ps(a1[m]) + b1;                                                         \
-    }                                                                                                               \
+#define F32_PAIRS(M)                                                                                               \
+  for (; n0 + 2 <= n1; n0 += 2) {                                                                                  \
+    const float* w0 = w + n0 * K;                                                                                  \
+    const float* w1 = w0 + K;                                                                                      \
+    __m512 a0[M], a1[M];                                                                                           \
+    for (int m = 0; m < M; m++) a0[m] = a1[m] = _mm512_setzero_ps();                                               \
+    int64_t k = 0;                                                                                                 \
+    for (; k + 16 <= K; k += 16) {                                                                                 \
+      _mm_prefetch((const char*)(w0 + PREFETCH_ROWS * K + k), _MM_HINT_T0);                                        \
+      _mm_prefetch((const char*)(w1 + PREFETCH_ROWS * K + k), _MM_HINT_T0);                                        \
+      __m512 v0 = _mm512_loadu_ps(w0 + k), v1 = _mm512_loadu_ps(w1 + k);                                           \
+      for (int m = 0; m < M; m++) {                                                                                \
+        __m512 xv = _mm512_loadu_ps(x + m * K + k);                                                                \
+        a0[m] = _mm512_fmadd_ps(xv, v0, a0[m]);                                                                    \
+        a1[m] = _mm512_fmadd_ps(xv, v1, a1[m]);                                                                    \
+      }                                                                                                            \
+    }                                                                                                              \
+    if (k < K) {                                                                                                   \
+      __mmask16 mask = (__mmask16)((1u << (K - k)) - 1u);                                                          \
+      __m512 v0 = _mm512_maskz_loadu_ps(mask, w0 + k), v1 = _mm512_maskz_loadu_ps(mask, w1 + k);                   \
+      for (int m = 0; m < M; m++) {                                                                                \
+        __m512 xv = _mm512_maskz_loadu_ps(mask, x + m * K + k);                                                    \
+        a0[m] = _mm512_fmadd_ps(xv, v0, a0[m]);                                                                    \
+        a1[m] = _mm512_fmadd_ps(xv, v1, a1[m]);                                                                    \
+      }                                                                                                            \
+    }                                                                                                              \
+    float b0 = b ? b[n0] : 0.0f, b1 = b ? b[n0 + 1] : 0.0f;                                                        \
+    for (int m = 0; m < M; m++) {                                                                                  \
+      y[m * N + n0] = _mm512_reduce_add_ps(a0[m]) + b0;                                                            \
+      y[m * N + n0 + 1] = _mm512_reduce_add_ps(a1[m]) + b1;                                                        \
+    }                                                                                                              \
   }
 
 /* ------------------------------------------------------------------------------------------------ bf16 */
@@ -109,36 +109,36 @@ typedef __m512bh bf16_vec;
 typedef __m512 bf16_vec;
 #endif
 
-#define BF16_BODY(M)                                                                                                \
-  for (int64_t n = n0; n < n1; n++) {                                                                               \
-    const uint16_t* wn = w + n * K;                                                                                 \
-    __m512 acc[M];                                                                                                  \
-    for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();                                                       \
-    int64_t k = 0;                                                                                                  \
-    for (; k + BF16_STEP <= K; k += BF16_STEP) {                                                                    \
-      _mm_prefetch((const char*)(wn + PREFETCH_ROWS * K + k), _MM_HINT_T0);                                         \
-      bf16_vec wv = BF16_LOAD(wn + k);                                                                              \
-      for (int m = 0; m < M; m++) acc[m] = BF16_DOT(acc[m], BF16_LOAD(x + m * K + k), wv);                          \
-    }                                                                                                               \
-    if (k < K) {                                                                                                    \
-      bf16_vec wv = BF16_MASKED(BF16_MASK(K - k), wn + k);                                                          \
-      for (int m = 0; m < M; m++) acc[m] = BF16_DOT(acc[m], BF16_MASKED(BF16_MASK(K - k), x + m * K + k), wv);      \
-    }                                                                                                               \
-    float bn = b ? from_bf16(b[n]) : 0.0f;                                                                          \
-    for (int m = 0; m < M; m++) y[m * N + n] = to_bf16(_mm512_reduce_add_ps(acc[m]) + bn);                          \
+#define BF16_BODY(M)                                                                                               \
+  for (int64_t n = n0; n < n1; n++) {                                                                              \
+    const uint16_t* wn = w + n * K;                                                                                \
+    __m512 acc[M];                                                                                                 \
+    for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();                                                      \
+    int64_t k = 0;                                                                                                 \
+    for (; k + BF16_STEP <= K; k += BF16_STEP) {                                                                   \
+      _mm_prefetch((const char*)(wn + PREFETCH_ROWS * K + k), _MM_HINT_T0);                                        \
+      bf16_vec wv = BF16_LOAD(wn + k);                                                                             \
+      for (int m = 0; m < M; m++) acc[m] = BF16_DOT(acc[m], BF16_LOAD(x + m * K + k), wv);                         \
+    }                                                                                                              \
+    if (k < K) {                                                                                                   \
+      bf16_vec wv = BF16_MASKED(BF16_MASK(K - k), wn + k);                                                         \
+      for (int m = 0; m < M; m++) acc[m] = BF16_DOT(acc[m], BF16_MASKED(BF16_MASK(K - k), x + m * K + k), wv);     \
+    }                                                                                                              \
+    float bn = b ? from_bf16(b[n]) : 0.0f;                                                                         \
+    for (int m = 0; m < M; m++) y[m * N + n] = to_bf16(_mm512_reduce_add_ps(acc[m]) + bn);                         \
   }
 
 /* ------------------------------------------------------------------------------------------------ the drivers */
-#define DEFINE_F32(M)                                                                                               \
-  static void f32_##M(const float* x, const float* w, const float* b, float* y, int64_t N, int64_t K, int64_t n0,   \
-                      int64_t n1) {                                                                                 \
-    if (M >= PAIR_ROWS) F32_PAIRS(M)                                                                                \
-    F32_BODY(M)                                                                                                     \
+#define DEFINE_F32(M)                                                                                              \
+  static void f32_##M(const float* x, const float* w, const float* b, float* y, int64_t N, int64_t K, int64_t n0,  \
+                      int64_t n1) {                                                                                \
+    if (M >= PAIR_ROWS) F32_PAIRS(M)                                                                               \
+    F32_BODY(M)                                                                                                    \
   }
-#define DEFINE_BF16(M)                                                                                              \
-  static void bf16_##M(const uint16_t* x, const uint16_t* w, const uint16_t* b, uint16_t* y, int64_t N, int64_t K,  \
-                       int64_t n0, int64_t n1) {                                                                    \
-    BF16_BODY(M)                                                                                                    \
+#define DEFINE_BF16(M)                                                                                             \
+  static void bf16_##M(const uint16_t* x, const uint16_t* w, const uint16_t* b, uint16_t* y, int64_t N, int64_t K, \
+                       int64_t n0, int64_t n1) {                                                                   \
+    BF16_BODY(M)                                                                                                   \
   }
 #define DEFINE(M) DEFINE_F32(M) DEFINE_BF16(M)
 
@@ -162,32 +162,32 @@ static void share(int64_t N, int64_t* n0, int64_t* n1) {
   *n1 = *n0 + per < N ? *n0 + per : N;
 }
 
-#define DRIVE(TABLE, CHUNK, x, w, b, y, M, N, K, n0, n1)                                                            \
-  for (int64_t nb = n0; nb < n1; nb += BLOCK_N) {                                                                   \
-    int64_t ne = nb + BLOCK_N < n1 ? nb + BLOCK_N : n1;                                                             \
-    int64_t chunks = (M + CHUNK - 1) / CHUNK;                                                                       \
-    for (int64_t c = 0, m0 = 0; c < chunks; c++) {                                                                  \
-      int64_t rows = (M - m0) / (chunks - c);                                                                       \
-      TABLE[rows](x + m0 * K, w, b, y + m0 * N, N, K, nb, ne);                                                      \
-      m0 += rows;                                                                                                   \
-    }                                                                                                               \
+#define DRIVE(TABLE, CHUNK, x, w, b, y, M, N, K, n0, n1)                                                           \
+  for (int64_t nb = n0; nb < n1; nb += BLOCK_N) {                                                                  \
+    int64_t ne = nb + BLOCK_N < n1 ? nb + BLOCK_N : n1;                                                            \
+    int64_t chunks = (M + CHUNK - 1) / CHUNK;                                                                      \
+    for (int64_t c = 0, m0 = 0; c < chunks; c++) {                                                                 \
+      int64_t rows = (M - m0) / (chunks - c);                                                                      \
+      TABLE[rows](x + m0 * K, w, b, y + m0 * N, N, K, nb, ne);                                                     \
+      m0 += rows;                                                                                                  \
+    }                                                                                                              \
   }
 
 /* NAME(x [M, K], w [N, K], b [N] or NULL, y [M, N], M, N, K, threads), all contiguous T (bf16 as uint16_t bit
  * patterns). Returns 0, or 1 for bad sizes. */
-#define ENTRY(NAME, T, TABLE, CHUNK)                                                                                \
-  int NAME(const T* x, const T* w, const T* b, T* y, int64_t M, int64_t N, int64_t K, int threads) {                \
-    if (M < 1 || N < 1 || K < 1) return 1;                                                                          \
-    if (threads < 2 || N < 64) {                                                                                    \
-      DRIVE(TABLE, CHUNK, x, w, b, y, M, N, K, 0, N)                                                                \
-      return 0;                                                                                                     \
-    }                                                                                                               \
-    _Pragma("omp parallel num_threads(threads)") {                                                                  \
-      int64_t n0, n1;                                                                                               \
-      share(N, &n0, &n1);                                                                                           \
-      DRIVE(TABLE, CHUNK, x, w, b, y, M, N, K, n0, n1)                                                              \
-    }                                                                                                               \
-    return 0;                                                                                                       \
+#define ENTRY(NAME, T, TABLE, CHUNK)                                                                               \
+  int NAME(const T* x, const T* w, const T* b, T* y, int64_t M, int64_t N, int64_t K, int threads) {               \
+    if (M < 1 || N < 1 || K < 1) return 1;                                                                         \
+    if (threads < 2 || N < 64) {                                                                                   \
+      DRIVE(TABLE, CHUNK, x, w, b, y, M, N, K, 0, N)                                                               \
+      return 0;                                                                                                    \
+    }                                                                                                              \
+    _Pragma("omp parallel num_threads(threads)") {                                                                 \
+      int64_t n0, n1;                                                                                              \
+      share(N, &n0, &n1);                                                                                          \
+      DRIVE(TABLE, CHUNK, x, w, b, y, M, N, K, n0, n1)                                                             \
+    }                                                                                                              \
+    return 0;                                                                                                      \
   }
 
 ENTRY(hfspec_rows_f32, float, F32, F32_CHUNK)
