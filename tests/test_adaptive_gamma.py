@@ -469,27 +469,6 @@ def test_the_cpu_kind_is_read_from_torchs_capability_and_amx_tiles(monkeypatch):
     assert cpu.cpu_kind() == "cpu-amx"
 
 
-def test_a_position_not_yet_seen_is_not_priced_below_alpha(monkeypatch):
-    """After first-token rejections only position 1 has been checked, at a rate (about 0.6) below the run's α 0.82:
-    deeper positions are priced at α, not at position 1's rate, so a seeded γ "auto" drafts γ ≥ 4 through the bf16
-    kernel. Control: pricing them at position 1's rate (the rule before) drafts γ ≤ 3. Where the deepest seen rate is
-    above α it is kept (acceptance in runs)."""
-    from hfspec.decoding.priors import prior_model
-
-    monkeypatch.setenv("HFSPEC_CPU_KIND", "avx512")
-    c = 0.17
-    policy = AdaptiveGamma(c_prior=c, timed=False, profile=prior_model(c, "cpu", "bfloat16+rows"))
-    for accepted in [0, 1, 0, 1, 1, 0, 1, 1, 0, 1]:
-        policy.observe([accepted], [1])
-    first = policy.acceptance(0.82)(1)
-    assert 0.55 < first < 0.7
-    assert policy.acceptance(0.82)(2) == policy.acceptance(0.82)(7) == pytest.approx(0.82)
-    assert best_gamma(policy.profile, policy.acceptance(0.82), 12)[0] >= 4
-    assert best_gamma(policy.profile, Acceptance(first, [first]), 12)[0] <= 3
-    low = policy.acceptance(0.5)  # a deepest rate above α stays
-    assert low(3) == low(1) > 0.5
-
-
 def test_acceptance_that_comes_in_runs_drafts_longer():
     """γ "auto" prices each draft position by its own acceptance given it was reached (`AdaptiveGamma.observe`):
     rounds of γ 3 that either reject their first token (30 %) or accept all three (a draft right for whole

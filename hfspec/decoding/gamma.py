@@ -181,19 +181,16 @@ class AdaptiveGamma(GammaPolicy):
     def acceptance(self, alpha: float) -> Acceptance:
         """Acceptance at each draft position given it was reached, from this run's rounds: a position's decayed
         counts pulled toward α by `SHRINK` pseudo-tokens; positions past the deepest one checked `DEPTH_EVIDENCE`
-        times take that one's rate, or α where that is higher. Acceptance comes in runs (a draft that got the first
-        tokens of a round right tends to get the next ones right too: on SmolLM2 off the grid, gptq4-compiled, bf16
-        greedy, γ 7 made 5.77 tokens a pass where one α of 0.90 for every position predicts 5.33), so one α for
-        every position priced long rounds too low and γ auto drafted 4 tokens a pass where a fixed γ 7 was 12 %
-        faster (5 December). For the same reason a position not yet seen is not priced below α: the first position
-        is the least accepted, and after a few first-token rejections at T = 1 its rate alone (0.53-0.70) had
-        priced every deeper one and held γ at 2 for rounds (bf16, 6 December)."""
+        times take that one's rate. Acceptance comes in runs (a draft that got the first tokens of a round right
+        tends to get the next ones right too: on SmolLM2 off the grid, gptq4-compiled, bf16 greedy, γ 7 made 5.77
+        tokens a pass where one α of 0.90 for every position predicts 5.33), so one α for every position priced
+        long rounds too low and γ auto drafted 4 tokens a pass where a fixed γ 7 was 12 % faster (5 December)."""
         rates, deep = [], 0  # deep: the deepest position checked DEPTH_EVIDENCE times (1-based; 0: none)
         for j, (a, c) in enumerate(zip(self._depth_accepted, self._depth_checked, strict=True), start=1):
             rates.append(min((a + SHRINK * alpha) / (c + SHRINK), 0.999))
             if c >= DEPTH_EVIDENCE:
                 deep = j
-        return Acceptance(max(rates[deep - 1], alpha) if deep else alpha, rates[:deep])
+        return Acceptance(rates[deep - 1] if deep else alpha, rates[:deep])
 
     def _choose(self, alpha: float) -> int:
         best = self._best(alpha, by_position=True)
