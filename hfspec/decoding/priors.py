@@ -102,7 +102,9 @@ def verify_slope_prior(device: str, dtype: str, shape: str = "chain") -> float:
 # 0.171 + 0.175 · k (T = 1: 0.243 + 0.161 · k): flatter slopes than the factors timed alone (int4 0.97 fp32, 0.74
 # bf16) and an intercept of about one draft step, as on the AMX Xeon. The int4 factors are now those slopes over the
 # bytes ratio (0.115 / 0.156 = 0.74 fp32, 0.175 / 0.312 = 0.56 → 0.54 with T = 1's 0.52), int8's and prepack's the
-# old ones scaled alike (× 0.76 fp32, × 0.73 bf16; derived, not timed), and the intercept is `DRAFT_ROUND_PRIOR`.
+# old ones scaled alike (× 0.76 fp32, × 0.73 bf16), and the intercept is `DRAFT_ROUND_PRIOR`. Timed again with them
+# (6 December, benchmarks/results/epyc-2c-2026-12-06-round-costs-*.md): gptq4 fp32 0.105 + 0.122 · k (prior 0.127 +
+# 0.116 · k), bf16 0.168 + 0.179 · k (0.186 + 0.169 · k); int8 fp32 0.169 + 0.220 · k (0.251 + 0.228 · k).
 DRAFT_STEP_PRIOR = {("cpu", "float32"): {"int4": 0.74, "int8": 0.91, "other": 1.0},
                     ("cpu", "float32+prepack"): {"int4": 0.86, "int8": 1.06, "other": 1.16},
                     ("cpu", "bfloat16"): {"int4": 0.54, "int8": 0.62, "other": 0.8},
