@@ -37,6 +37,7 @@ from hfspec.audit.exactness import GreedyReport, check_greedy, dtype_of, exactne
 from hfspec.decoding.sampling import warp
 from hfspec.decoding.scoring import fit_vocab
 from hfspec.drafts import parse_draft_spec
+from hfspec.dtypes import dtype_str
 from hfspec.errors import HfspecError
 from hfspec.io.loading import parse_device, parse_dtype
 from hfspec.session import RunSettings, Session
@@ -174,7 +175,7 @@ def audit(target, draft, prompts=DEFAULT_PROMPTS, settings: AuditSettings | None
     say(f"greedy: {len(ids)} prompts x {run.tokens} tokens, generate vs hfspec…")
     greedy = check_greedy(target, draft, ids, max_new_tokens=run.tokens, gamma=run.gamma)
     result = AuditResult(run.target_name or type(target).__name__, draft_name or type(draft).__name__,
-                         str(dtype_of(target)).replace("torch.", ""), run.gamma, run.seed, greedy)
+                         dtype_str(dtype_of(target)), run.gamma, run.seed, greedy)
     contexts = [(row_ids + row.plain_tokens[:CONTEXT_SPAN], len(row_ids))
                 for row_ids, row in zip(ids, greedy.rows, strict=True)]
     for index, setting in enumerate(run.sampling_settings()):

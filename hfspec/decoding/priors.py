@@ -65,9 +65,15 @@ def _row(table: dict, device: str, dtype: str):
     return found if found is not None else table[("cpu", "float32")]
 
 
+def _cpu_key(table: dict, device: str, dtype: str) -> tuple[str, str] | None:
+    """The first key of `table` along `_cpu_keys(device, dtype)`, or None."""
+    return next((key for key in _cpu_keys(device, dtype) if key in table), None)
+
+
 def _cpu_entry(table: dict, device: str, dtype: str):
-    """The first entry of `table` along `_cpu_keys(device, dtype)`, or None."""
-    return next((table[key] for key in _cpu_keys(device, dtype) if key in table), None)
+    """The entry of `table` at `_cpu_key`, or None."""
+    key = _cpu_key(table, device, dtype)
+    return None if key is None else table[key]
 
 
 def _cpu_keys(device: str, dtype: str) -> list[tuple[str, str]]:
@@ -249,8 +255,8 @@ def verify_floor(dtype: str, device: str = "cpu") -> float:
     this CPU kind (the lowest point of its "+rows" `VERIFY_CURVE_PRIOR`, or `VERIFY_FLOOR_PRIOR` if lower; 1.0 where
     none is measured): the floor the plausibility check (`hfspec.measure.plausible.speedup_bound`) prices a verify
     pass at, instead of one step."""
-    key = next((k for k in _cpu_keys(device, dtype + "+rows") if k in VERIFY_CURVE_PRIOR), None)
-    if device not in CPU_KIND_DEVICES or key is None:
+    key = _cpu_key(VERIFY_CURVE_PRIOR, device, dtype + "+rows") if device in CPU_KIND_DEVICES else None
+    if key is None:
         return 1.0
     return min([1.0, VERIFY_FLOOR_PRIOR.get(key, 1.0)] + [t for n, t in VERIFY_CURVE_PRIOR[key] if n >= 2])
 

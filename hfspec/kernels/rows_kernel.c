@@ -5,9 +5,9 @@
  * in L1), while the row PREFETCH_ROWS rows ahead is prefetched, so that memory reads overlap the arithmetic (without
  * it every extra row of x cost about a tenth of the one-row product on the 2-core AMX Xeon VM; with it a twentieth).
  * In fp32, from PAIR_ROWS rows of x on, two rows of w are taken at a time, so that each load of x feeds two
- * multiplies (on the 2-core AVX-512 EPYC a whole SmolLM2-135M pass over 16 positions cost 1.06 one-token MKL steps
- * against 1.22 without, 32 positions 1.56 against 2.01; below 6 rows, where memory sets the pace, pairs were slower:
- * 2 rows 0.72 against 0.57). Rows of x are taken in near-equal chunks of at most F32_CHUNK / BF16_CHUNK (fp32: 16 as
+ * multiplies (on the 2-core AVX-512 EPYC a whole SmolLM2-135M pass over 16 positions cost 1.02 one-token MKL steps
+ * against 1.22 without, 32 positions 1.66 against 2.01; pairs from 2 rows on, where memory sets the pace, were
+ * slower: 2 rows 0.72 against 0.57). Rows of x are taken in near-equal chunks of at most F32_CHUNK / BF16_CHUNK (fp32: 16 as
  * 8 + 8; the pairs' accumulators must fit in registers) over blocks of BLOCK_N rows of w, which the next chunk finds
  * in L1 or L2. bf16 keeps one row of w at a time: pairs were slower there at every width up to 16. bf16
  * accumulates in fp32 (AVX512-BF16 dot products where the CPU has them) and rounds once to nearest even, as oneDNN
