@@ -37,7 +37,8 @@ def main() -> None:
     p.set_defaults(models="micro,smollm2-offgrid", repeats=5)
     p.add_argument("--runs", default="rtn4-compiled:4,gptq4-compiled:4,gptq4-compiled:5,gptq4-compiled:auto,"
                    "gptq4-compiled:auto:auto,int8:4,int8:auto,int8:auto:auto",
-                   help="draft:gamma or draft:gamma:tree (tree auto: a token tree), comma-separated")
+                   help="draft:gamma or draft:gamma:tree (tree auto: a token tree), comma-separated; gamma auto+priors: "
+                        "γ auto without a saved cost profile")
     p.add_argument("--dtypes", default="float32,bfloat16",
                    help="comma-separated; float32+prepack: fp32 with hfspec.kernels.fast_linear.prepack")
     p.add_argument("--temperatures", default="0,1")
@@ -48,6 +49,10 @@ def main() -> None:
                    help="replace the results table in docs/benchmarks.md, which the README links (--readme: its old "
                         "name, from when the table was in the README)")
     p.add_argument("--from-json", default=None, help="render the rows of an earlier run's JSON instead of measuring")
+    p.add_argument("--profile", action="store_true",
+                   help="measure this machine's cost profile of each draft that runs with γ auto before timing "
+                        "(hfspec profile; saved where seeded γ auto finds it); write draft:auto+priors for a row "
+                        "that ignores it")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     args.prompt = args.prompt or ["Once upon a time"]
@@ -126,8 +131,10 @@ def measure(args) -> list[dict]:
             ids = [common.prompt_ids(tok, text) for text in args.prompt]
             drafts = {spec: hfspec.make_draft(target, spec) for spec in dict.fromkeys(s for s, _, _ in runs)}
             for temperature in (float(t) for t in args.temperatures.split(",")):
-                keyed = {_key(spec, gamma, tree): (drafts[spec], gamma if gamma == "auto" else int(gamma),
-                                                   {} if tree is None else {"tree": tree})
+                if args.profile:  # this machine's cost profile of each draft γ "auto" runs with (not timed here)
+                    _profile(target, drafts, runs, ids[0], temperature, args.max_new_tokens)
+                keyed = {_key(spec, gamma, tree): (drafts[spec], "auto" if gamma.startswith("auto") else int(gamma),
+                                                   _options(gamma, tree))
                          for spec, gamma, tree in runs}
                 result = common.against_plain(target, ids, keyed, temperature, args.max_new_tokens, args.repeats,
                                               args.seed)
@@ -141,12 +148,28 @@ def measure(args) -> list[dict]:
     return rows
 
 
+def _options(gamma: str, tree) -> dict:
+    """hfspec.generate's keywords for a run: its tree; "auto+priors": γ auto priced from the priors alone (no saved
+    cost profile), beside "auto", which takes this machine's profile where `--profile` measured one."""
+    return ({} if tree is None else {"tree": tree}) | (
+        {"env": {"HFSPEC_COST_PROFILE": "off"}} if gamma == "auto+priors" else {})
+
+
+def _profile(target, drafts: dict, runs: list, ids, temperature: float, tokens: int) -> None:
+    from hfspec.measure.profile import measure_profile
+
+    for spec in dict.fromkeys(s for s, g, _ in runs if g == "auto"):
+        for _, path in measure_profile(target, drafts[spec], ids, temperatures=(temperature,),
+                                       max_new_tokens=min(tokens, 64), progress=print):
+            print(f"profile of {spec} at T = {temperature:g}: {path}", flush=True)
+
+
 def chain_pair(result: dict, runs: list, spec: str, gamma: str, tree) -> dict:
     """For a γ "auto" chain row: its tokens/s over the same draft's fastest fixed-γ chain, round by round
     (`common.paired`); for a tree row, over the same draft's chain at the same γ (else the fastest fixed γ).
     {} for a fixed-γ chain row or where there is nothing to pair with."""
-    fixed = [g for s, g, t in runs if s == spec and t is None and g != "auto"]
-    if tree is None and gamma != "auto":
+    fixed = [g for s, g, t in runs if s == spec and t is None and not g.startswith("auto")]
+    if tree is None and not gamma.startswith("auto"):
         return {}
     chain = _key(spec, gamma, None) if tree is not None and _key(spec, gamma, None) in result else None
     if chain is None and fixed:

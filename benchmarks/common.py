@@ -11,6 +11,7 @@ stays free of it.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -151,11 +152,22 @@ def against_plain(target, ids, runs: dict, temperature: float, tokens: int, repe
 
     def speculative(key):
         draft, gamma, *more = runs[key]
+        kwargs = dict(more[0]) if more else {}
+        env = kwargs.pop("env", {})  # environment for this method's runs alone (e.g. HFSPEC_COST_PROFILE=off)
 
         def run(r):
-            return hfspec.generate(target, prompts[r % len(prompts)], draft=draft, gamma=gamma, temperature=temperature,
-                                   max_new_tokens=tokens, min_new_tokens=tokens, seed=seed + r,
-                                   **(more[0] if more else {}))
+            saved = {name: os.environ.get(name) for name in env}
+            os.environ.update(env)
+            try:
+                return hfspec.generate(target, prompts[r % len(prompts)], draft=draft, gamma=gamma,
+                                       temperature=temperature, max_new_tokens=tokens, min_new_tokens=tokens,
+                                       seed=seed + r, **kwargs)
+            finally:
+                for name, value in saved.items():
+                    if value is None:
+                        os.environ.pop(name, None)
+                    else:
+                        os.environ[name] = value
         return run
 
     # both sides by the wall clock (plain HF generate has no stats of its own)

@@ -12,8 +12,10 @@ import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from hfspec import validate
-from hfspec.attrs import FIDELITY, get_attr
+from hfspec.attrs import DRAFT_SPEC, FIDELITY, get_attr
+from hfspec.decoding import profile as cost_profile
 from hfspec.decoding.chain import Chain
+from hfspec.decoding.costmodel import CostModel
 from hfspec.decoding.coupling import GumbelNoise
 from hfspec.decoding.early_exit import check_early_exit, with_early_exit
 from hfspec.decoding.gamma import AdaptiveGamma, FixedGamma, GammaPolicy
@@ -82,8 +84,10 @@ def speculative_generate(
     if request.plain:
         policy = FixedGamma(0)
     else:  # with a seed, γ "auto" must not read this run's timings: the text must depend on the seed alone
+        profile = _cost_profile(model, request.draft, prices, stats, sampling) if request.seed is not None \
+            and request.gamma == "auto" else None
         policy = (_policy(request.gamma, stats, request.draft) if request.seed is None
-                  else _seeded_policy(request.gamma, stats, prices, request.draft))
+                  else _seeded_policy(request.gamma, stats, prices, request.draft, profile))
     job = DecodeJob(
         scorer=Scorer(logits_processor, sampling, validate.vocab_size(model)),
         stopper=Stopper(stopping_criteria, eos, generation_config.max_length),
@@ -242,17 +246,43 @@ class _Prices:
         return draft_step_prior(stats.c_bytes, self.device, self.dtype, self.storage)
 
 
-def _seeded_policy(gamma, stats: SpecStats, prices: _Prices | None = None, draft=None) -> GammaPolicy:
+def _seeded_policy(gamma, stats: SpecStats, prices: _Prices | None = None, draft=None,
+                   profile: CostModel | None = None) -> GammaPolicy:
     """The γ policy of a seeded run: γ "auto" is frozen, deciding from acceptance and a cost profile fixed before
-    decoding (the bytes ratio and the verify pass's prior curve for this device, dtype and draft, `prior_model`),
-    never from this run's timings, so the seed alone fixes the text on a quiet or a busy machine
+    decoding: `profile` (this pair's costs measured on this machine, `hfspec.decoding.profile`) where one was
+    saved, else the bytes ratio and the verify pass's prior curve for this device, dtype and draft (`prior_model`);
+    never from this run's timings, so the seed (and the saved profile) fix the text on a quiet or a busy machine
     (`hfspec.decoding.gamma`)."""
     if gamma == "auto":
         prices = prices or _Prices(dtype=stats.target_dtype)
         c = prices.c(stats)
-        return AdaptiveGamma(c_prior=c, timed=False, profile=prior_model(c, prices.device, prices.dtype),
+        return AdaptiveGamma(c_prior=c, timed=False, profile=profile or prior_model(c, prices.device, prices.dtype),
                              alpha_prior=_fidelity(draft))
     return FixedGamma(int(gamma))
+
+
+def profile_key(target, draft, sampled: bool, device="cpu") -> dict:
+    """The key of this pair's cost profile on this machine (`hfspec.decoding.profile.profile_key`) for greedy or
+    sampled rounds, from the same prices a seeded run looks its priors up by."""
+    return _profile_key(target, draft, _Prices.of(target, draft, SpecStats(target_dtype=model_dtype_str(target)),
+                                                  device), sampled)
+
+
+def _profile_key(target, draft, prices: _Prices, sampled: bool) -> dict:
+    label = get_attr(draft, DRAFT_SPEC, "") if draft is not None else ""
+    return cost_profile.profile_key(target, {"spec": label or type(draft).__name__, "bytes": weight_bytes(draft)
+                                             if isinstance(draft, torch.nn.Module) else 0, "storage": prices.storage},
+                                    prices.dtype, prices.device, sampled)
+
+
+def _cost_profile(target, draft, prices: _Prices, stats: SpecStats, sampled: bool) -> CostModel | None:
+    """The saved cost profile of this pair on this machine, as a cost model (None: none matches, or profiles are
+    off); `stats.cost_profile` names its file."""
+    found, path = cost_profile.find(_profile_key(target, draft, prices, sampled))
+    if found is None:
+        return None
+    stats.cost_profile = path.name
+    return found.model(source=f"cost profile {path.name}")
 
 
 def _storage(draft) -> str:

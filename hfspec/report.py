@@ -43,7 +43,8 @@ def stats_lines(stats: SpecStats, baseline=None, measured_speedup: float | None 
     measured one is and how busy the machine was."""
     s = stats
     lines = [
-        f"γ                        {s.gamma} (mean {s.mean_gamma:.2f})",
+        f"γ                        {s.gamma} (mean {s.mean_gamma:.2f})"
+        + (f"; priced by this machine's cost profile {s.cost_profile}" if s.cost_profile else ""),
         f"target passes            {s.target_passes}",
         f"new tokens               {s.new_tokens}" + (f" (ended: {STOP_WORDS.get(s.stop_reason, s.stop_reason)})"
                                                        if s.stop_reason else ""),

@@ -9,6 +9,12 @@ os.environ.setdefault("HFSPEC_CPU_KIND", "avx512")
 # ...and the few-row verify kernel, which "auto" uses on AVX-512 and AMX kinds where the machine can build it: off
 # unless a test turns it on (tests/test_verify_linear.py), so that the suite computes alike on any CPU
 os.environ.setdefault("HFSPEC_ROWS_KERNEL", "off")
+# ...and the saved cost profiles a seeded γ "auto" prices rounds with (`hfspec.decoding.profile`): an empty folder of
+# the suite's own, so a profile the user measured never changes what a test decides
+if "HFSPEC_PROFILE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["HFSPEC_PROFILE_DIR"] = tempfile.mkdtemp(prefix="hfspec-test-profiles-")
 sys.path.insert(0, str(Path(__file__).parent))
 
 import pytest  # noqa: E402

@@ -1,4 +1,4 @@
-"""`hfspec` command line: run, sweep, compare, bench, audit, sensitivity, presets, gui, export-hub, export-draft.
+"""`hfspec` command line: run, sweep, compare, bench, profile, audit, sensitivity, presets, gui, export-hub, export-draft.
 
 Verbs only: parse, call the API, print. `hfspec gui` imports the dashboard (Qt, an optional extra) only when run."""
 
@@ -10,11 +10,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from hfspec import report
+from hfspec.api import profile_key
 from hfspec.audit.command import run_command
 from hfspec.audit.exactness import exactness_note
 from hfspec.cli.arguments import build_parser, check_args, check_writable
 from hfspec.cli.arguments import coupling_arg as _coupling  # the names tests and scripts import
 from hfspec.cli.arguments import tree_arg as _tree_arg
+from hfspec.decoding import profile as cost_profile
+from hfspec.decoding.profile import describe
 from hfspec.drafts import parse_draft_spec
 from hfspec.drafts.sensitivity import check_arguments, sensitivity
 from hfspec.errors import HfspecError
@@ -24,6 +27,7 @@ from hfspec.io.export_draft import export_draft_cli
 from hfspec.io.loading import load_model
 from hfspec.io.presets import DEFAULT_PRESET, list_presets
 from hfspec.measure.benchmark import compare_methods
+from hfspec.measure.profile import check_profile_arguments, measure_profile, parse_temperatures, summary_lines
 from hfspec.measure.sweep import parse_gammas, speculative_options, sweep
 from hfspec.session import RunSettings, Session
 from hfspec.settings import load_preset
@@ -162,6 +166,31 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_profile(args) -> int:
+    gammas = parse_gammas(args.gammas)
+    temperatures = parse_temperatures(args.temperatures)
+    settings = _settings(args)
+    check_profile_arguments(gammas, temperatures, settings.max_new_tokens, args.repeats)
+    session = _session(args)
+    target, draft, tokenizer = session.load(settings, progress=_say)
+    if args.show:
+        found = [(t, cost_profile.find(profile_key(target, draft, t > 0))) for t in temperatures]
+        missing = [t for t, (p, _) in found if p is None]
+        profiles = [(p, str(path)) for _, (p, path) in found if p is not None]
+        for t in missing:
+            _say(f"no {'sampled' if t > 0 else 'greedy'} profile saved for these settings: `hfspec profile` "
+                 "without --show measures one")
+    else:
+        profiles = measure_profile(target, draft, session.encode(settings, tokenizer), gammas, temperatures,
+                                   settings.max_new_tokens, args.repeats, settings.seed or 0, progress=_say)
+    if args.json:
+        print(report.dumps([{"path": path, "summary": describe(p), **p.to_dict()} for p, path in profiles]))
+    else:
+        for p, path in profiles:
+            print("\n".join(summary_lines(p, path)))
+    return 0 if profiles else 1
+
+
 def cmd_audit(args) -> int:
     return run_command(args, progress=_say)
 
@@ -210,7 +239,7 @@ def cmd_export_draft(args) -> int:
                             overwrite=args.overwrite, check=not args.no_check, say=_say)
 
 
-COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "compare": cmd_compare, "bench": cmd_bench,
+COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "compare": cmd_compare, "bench": cmd_bench, "profile": cmd_profile,
             "presets": cmd_presets, "gui": cmd_gui, "audit": cmd_audit, "sensitivity": cmd_sensitivity,
             "export-hub": cmd_export_hub, "export-draft": cmd_export_draft}
 

@@ -119,6 +119,17 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=int, default=3)
     bench.add_argument("--json", action="store_true")
 
+    profile = sub.add_parser("profile", help="time a pair's rounds on this machine and save them: seeded gamma auto "
+                             "then prices rounds with them instead of the priors")
+    _common(profile)
+    profile.add_argument("--gammas", default="2-7", help="the fixed gammas timed (default 2-7)")
+    profile.add_argument("--temperatures", default="0,1", help="0 for greedy rounds, one T > 0 for sampled ones "
+                         "(default 0,1: both)")
+    profile.add_argument("--repeats", type=int, default=2, help="turns of every gamma and plain decoding (default 2)")
+    profile.add_argument("--show", action="store_true", help="print the saved profiles for these settings; measure "
+                         "nothing")
+    profile.add_argument("--json", action="store_true")
+
     audit = sub.add_parser("audit", help="exactness audit of a target and draft on this machine (exit 0: all pass)")
     _audit_arguments(audit)
 

@@ -96,6 +96,9 @@ class SpecStats:
     # F.linear (a pass is no cheaper than a step); below 1 through the few-row kernel, which reads the weights
     # faster than plain decoding's product (`hfspec.decoding.priors.verify_floor`); read by the plausibility check
     verify_floor: float = 1.0
+    # the saved cost profile a seeded γ "auto" priced its rounds with (its file name under $HFSPEC_PROFILE_DIR,
+    # `hfspec.decoding.profile`); "" where it used the priors, or γ was not "auto" with a seed
+    cost_profile: str = ""
     stopped: bool = False
     stop_reasons: list[str] = field(default_factory=list)  # per row: eos | max_tokens | stop_criteria | user
     costs: CostRecord = field(default_factory=CostRecord)  # per-round seconds, for the cost model
@@ -237,6 +240,7 @@ class SpecStats:
         out.draft_bytes, out.target_bytes = other.draft_bytes, other.target_bytes
         out.target_dtype = other.target_dtype or self.target_dtype
         out.verify_floor = min(self.verify_floor, other.verify_floor)
+        out.cost_profile = self.cost_profile if self.cost_profile == other.cost_profile else "mixed"
         out.stopped = self.stopped or other.stopped
         out.stop_reasons = self.stop_reasons + other.stop_reasons
         out.costs = self.costs.merge(other.costs)

@@ -45,3 +45,20 @@ def cpu_kind() -> str:
     if pinned and pinned not in CPU_KINDS:
         raise bad_value(CPU_KIND_ENV, pinned, ", ".join(list(CPU_KINDS)[:-1]) + " or " + list(CPU_KINDS)[-1])
     return CPU_KINDS[pinned or detected_kind()]
+
+
+@functools.cache
+def cpu_name() -> str:
+    """The CPU's model name as the OS gives it (/proc/cpuinfo's "model name" on Linux, else
+    `platform.processor()`), "" where neither says: part of what a cost profile is keyed by
+    (`hfspec.decoding.profile`)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if line.lower().startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or ""

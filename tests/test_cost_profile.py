@@ -1,0 +1,154 @@
+"""Cost profiles (`hfspec.decoding.profile`, `hfspec profile`): a pair's costs measured on this machine, which a
+seeded γ "auto" prices rounds with instead of the priors where its key matches, and never otherwise."""
+
+import json
+import os
+import warnings
+
+import pytest
+import torch
+from tiny_models import build, perturbed
+
+import hfspec
+import hfspec.api
+from hfspec.cli import main
+from hfspec.decoding import profile as cost_profile
+from hfspec.decoding.costrecord import CostRecord, RoundSeconds
+from hfspec.errors import HfspecError
+from hfspec.measure.profile import check_profile_arguments, measure_profile
+
+STEP = 0.01  # seconds of one target step in the made-up records
+
+
+@pytest.fixture
+def profiles(tmp_path, monkeypatch):
+    folder = tmp_path / "profiles"
+    monkeypatch.setenv(cost_profile.DIR_ENV, str(folder))
+    monkeypatch.delenv(cost_profile.MODE_ENV, raising=False)
+    cost_profile._warned.clear()
+    return folder
+
+
+@pytest.fixture
+def pair(monkeypatch):
+    """A tiny target and a perturbed copy priced at a tenth of its bytes, so the priors draft long rounds."""
+    target = build("llama", init=0.2)
+    draft = perturbed(target, scale=0.05)
+    monkeypatch.setattr(hfspec.api, "weight_bytes", lambda model: 0 if model is None else 10 if model is draft else 100)
+    return target, draft, torch.tensor([[0, 5, 17, 33]])
+
+
+def made_up(c: float, verify: float = 1.0) -> cost_profile.CostProfile:
+    """Records of a draft whose step costs `c` target steps and a flat verify pass of `verify` steps."""
+    record, plain = CostRecord(), CostRecord()
+    for k in (2, 3, 4, 5):
+        for _ in range(6):
+            record.record(k, k + 1, 1, RoundSeconds(draft=c * k * STEP, target=verify * STEP, other=0.0),
+                          prefill=False)
+    for _ in range(20):
+        plain.record(0, 1, 1, RoundSeconds(draft=0.0, target=STEP, other=0.0), prefill=False)
+    return cost_profile.CostProfile({}, record, plain, [2, 3, 4, 5])
+
+
+def save_for(target, draft, profile, sampled=True):
+    profile.key = hfspec.api.profile_key(target, draft, sampled)
+    return cost_profile.save(profile)
+
+
+def run(target, draft, ids, seed=3, temperature=1.0):
+    return hfspec.generate(target, ids, draft=draft, gamma="auto", temperature=temperature, max_new_tokens=40,
+                           min_new_tokens=40, seed=seed)
+
+
+def test_a_saved_profile_prices_seeded_auto_gamma(profiles, pair, monkeypatch):
+    """The priors (draft at a tenth of the bytes) draft long rounds; a profile measured here saying the draft's step
+    costs 1.5 target steps makes the same seeded run draft short or none, reproducibly; "off" is the priors again."""
+    target, draft, ids = pair
+    priors = run(target, draft, ids)
+    assert priors.stats.cost_profile == ""
+    path = save_for(target, draft, made_up(c=1.5))
+    first, second = run(target, draft, ids), run(target, draft, ids)
+    assert first.stats.cost_profile == path.name
+    assert torch.equal(first.sequences, second.sequences)
+    assert first.stats.gamma_per_round == second.stats.gamma_per_round
+    mean = lambda stats: sum(stats.gamma_per_round) / len(stats.gamma_per_round)  # noqa: E731
+    assert mean(priors.stats) >= 3 and mean(first.stats) <= 1, (priors.stats.gamma_per_round,
+                                                                 first.stats.gamma_per_round)
+    monkeypatch.setenv(cost_profile.MODE_ENV, "off")
+    off = run(target, draft, ids)
+    assert off.stats.cost_profile == "" and off.stats.gamma_per_round == priors.stats.gamma_per_round
+    assert torch.equal(off.sequences, priors.sequences)
+
+
+def test_a_profile_for_other_settings_is_never_used(profiles, pair):
+    """A greedy run does not take the sampled rounds' profile; a file at the key's path holding another key (other
+    threads) or unreadable JSON is skipped with a warning naming it, and the run prices from the priors."""
+    target, draft, ids = pair
+    path = save_for(target, draft, made_up(c=1.5), sampled=True)
+    assert run(target, draft, ids, temperature=0.0).stats.cost_profile == ""
+    data = json.loads(path.read_text())
+    data["key"]["threads"] += 1
+    path.write_text(json.dumps(data))
+    with pytest.warns(UserWarning, match="other settings"):
+        assert run(target, draft, ids).stats.cost_profile == ""
+    cost_profile._warned.clear()
+    path.write_text("{not json")
+    with pytest.warns(UserWarning, match=str(path.name)):
+        assert run(target, draft, ids).stats.cost_profile == ""
+
+
+def test_measure_profile_saves_what_a_seeded_run_then_uses(profiles, pair):
+    target, draft, ids = pair
+    said = []
+    (profile, path), = measure_profile(target, draft, ids, gammas=(2, 3), temperatures=(1.0,), max_new_tokens=12,
+                                       repeats=1, progress=said.append)
+    assert os.path.isfile(path) and any("saved" in line for line in said)
+    assert profile.record.gamma_rounds[2] > 0 and profile.record.gamma_rounds[3] > 0 and profile.plain.rounds > 0
+    loaded, found_at = cost_profile.find(hfspec.api.profile_key(target, draft, True))
+    assert loaded is not None and str(found_at) == path and loaded.record == profile.record
+    model = loaded.model()
+    assert model.verify(1) == model.step > 0 and model.draft_b > 0
+    assert run(target, draft, ids).stats.cost_profile == os.path.basename(path)
+    assert not [p for p in os.listdir(profiles) if p.endswith(".tmp")]
+
+
+def test_a_profile_that_cannot_be_saved_is_a_clear_error(tmp_path, monkeypatch, pair):
+    target, draft, _ = pair
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv(cost_profile.DIR_ENV, str(blocker / "profiles"))
+    with pytest.raises(HfspecError, match="HFSPEC_PROFILE_DIR"):
+        save_for(target, draft, made_up(c=1.0))
+
+
+def test_bad_profile_settings_are_refused_by_name(profiles, pair, monkeypatch):
+    target, draft, ids = pair
+    for gammas, temperatures, field in [((0, 2), (1.0,), "gammas"), (("auto",), (1.0,), "gammas"),
+                                        ((2,), (), "temperatures"), ((2,), (0.5, 1.0), "temperatures"),
+                                        ((2,), (-1.0,), "temperatures")]:
+        with pytest.raises(HfspecError, match=field):
+            check_profile_arguments(gammas, temperatures, 16, 1)
+    monkeypatch.setenv(cost_profile.MODE_ENV, "maybe")
+    with pytest.raises(HfspecError, match="HFSPEC_COST_PROFILE"):
+        run(target, draft, ids)
+
+
+def test_cli_profile_measures_shows_and_refuses_before_loading(profiles, capsys, monkeypatch):
+    small = ["--preset", "micro-rtn4", "--gammas", "2-3", "--max-new-tokens", "12", "--repeats", "1"]
+    assert main(["profile", *small, "--temperatures", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "greedy rounds" in out and "draft step c" in out and len(list(profiles.glob("*.json"))) == 1
+    assert main(["profile", *small, "--temperatures", "0", "--show"]) == 0
+    assert "greedy rounds" in capsys.readouterr().out
+    assert main(["profile", *small, "--temperatures", "1", "--show"]) == 1  # nothing saved for sampled rounds
+    assert "no sampled profile" in capsys.readouterr().err
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a model loaded before the arguments were checked")
+
+    monkeypatch.setattr("hfspec.session.Session.load", no_loading)
+    for bad, field in [(["--temperatures", "0,0.5,1"], "temperatures"), (["--temperatures", "x"], "temperatures"),
+                       (["--gammas", "2-3,auto"], "gammas")]:
+        with warnings.catch_warnings():
+            assert main(["profile", *small, *bad]) == 2
+        assert field in capsys.readouterr().err
