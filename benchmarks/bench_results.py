@@ -130,9 +130,10 @@ def measure(args) -> list[dict]:
             target, tok = common.load(folder, dtype)  # float32+prepack: prepacked (both sides)
             ids = [common.prompt_ids(tok, text) for text in args.prompt]
             drafts = {spec: hfspec.make_draft(target, spec) for spec in dict.fromkeys(s for s, _, _ in runs)}
-            for temperature in (float(t) for t in args.temperatures.split(",")):
-                if args.profile:  # this machine's cost profile of each draft γ "auto" runs with (not timed here)
-                    _profile(target, drafts, runs, ids[0], temperature, args.max_new_tokens)
+            temperatures = [float(t) for t in args.temperatures.split(",")]
+            if args.profile:  # this machine's cost profile of each draft γ "auto" runs with (not timed here)
+                _profile(target, drafts, runs, ids[0], temperatures, args.max_new_tokens)
+            for temperature in temperatures:
                 keyed = {_key(spec, gamma, tree): (drafts[spec], "auto" if gamma.startswith("auto") else int(gamma),
                                                    _options(gamma, tree))
                          for spec, gamma, tree in runs}
@@ -155,13 +156,16 @@ def _options(gamma: str, tree) -> dict:
         {"env": {"HFSPEC_COST_PROFILE": "off"}} if gamma == "auto+priors" else {})
 
 
-def _profile(target, drafts: dict, runs: list, ids, temperature: float, tokens: int) -> None:
+def _profile(target, drafts: dict, runs: list, ids, temperatures: list, tokens: int) -> None:
+    """`hfspec profile` of each draft a γ "auto" row runs with, greedy and sampled rounds as the rows' temperatures
+    ask (measured together: their forwards' lines pool both)."""
     from hfspec.measure.profile import measure_profile
 
+    modes = sorted({t > 0 for t in temperatures})
     for spec in dict.fromkeys(s for s, g, _ in runs if g == "auto"):
-        for _, path in measure_profile(target, drafts[spec], ids, temperatures=(temperature,),
-                                       max_new_tokens=min(tokens, 64), progress=print):
-            print(f"profile of {spec} at T = {temperature:g}: {path}", flush=True)
+        for profile, path in measure_profile(target, drafts[spec], ids, temperatures=[1.0 if m else 0.0 for m in modes],
+                                             max_new_tokens=min(tokens, 64), progress=print):
+            print(f"profile of {spec} ({profile.key['sampling']}): {path}", flush=True)
 
 
 def chain_pair(result: dict, runs: list, spec: str, gamma: str, tree) -> dict:

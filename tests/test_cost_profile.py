@@ -152,3 +152,40 @@ def test_cli_profile_measures_shows_and_refuses_before_loading(profiles, capsys,
         with warnings.catch_warnings():
             assert main(["profile", *small, *bad]) == 2
         assert field in capsys.readouterr().err
+
+
+def test_greedy_and_sampled_profiles_share_their_forwards_lines(profiles, pair):
+    """Measured together, both modes price the draft and the verify pass from the pooled rounds (forwards cost the
+    same either way) and keep their own time outside forwards."""
+    target, draft, ids = pair
+    (greedy, _), (sampled, _) = measure_profile(target, draft, ids, gammas=(2, 3), temperatures=(0.0, 1.0),
+                                                max_new_tokens=12, repeats=1)
+    assert greedy.forwards is not None and greedy.forwards == sampled.forwards
+    assert greedy.forwards.rounds == greedy.record.rounds + sampled.record.rounds
+    g, s = greedy.model(), sampled.model()
+    assert (g.step, g.draft_b, g.verify_a, g.verify_b) == (s.step, s.draft_b, s.verify_a, s.verify_b)
+    assert g.other_a != s.other_a or g.other_b != s.other_b
+    alone = cost_profile.CostProfile(greedy.key, greedy.record, greedy.plain).model()
+    assert (alone.verify_a, alone.verify_b, alone.draft_b) != (g.verify_a, g.verify_b, g.draft_b)
+    loaded, _ = cost_profile.find(greedy.key)
+    assert loaded.forwards == greedy.forwards and loaded.model().verify(5) == g.verify(5)
+
+
+def test_the_verify_curve_keeps_a_real_step_and_averages_a_dip():
+    """Widths 3-8 as a bf16 profile measured them through the few-row kernel (ms, rounds): flat with a noisy dip,
+    then a step at 7. The monotone fit averages the dip and keeps the step; a line through them (the control)
+    smears the step over every width."""
+    from hfspec.decoding.costmodel import _line
+
+    points = [(3, 34.5, 44), (4, 30.5, 38), (5, 31.3, 30), (6, 32.7, 24), (7, 39.1, 18), (8, 41.4, 20)]
+    fitted = cost_profile.monotone(points)
+    values = [t for _, t in fitted]
+    assert values == sorted(values) and [n for n, _ in fitted] == [3, 4, 5, 6, 7, 8]
+    assert values[0] == pytest.approx((34.5 * 44 + 30.5 * 38 + 31.3 * 30) / 112)  # the dip, pooled
+    model = cost_profile.ProfileModel(step=44.0, verify_a=0.0, verify_b=0.0, draft_a=0.0, draft_b=0.0,
+                                      draft_zero=0.0, other_a=0.0, other_b=0.0, plain_other=0.0, points=tuple(fitted))
+    assert model.verify(1) == 44.0 and model.verify(2) == values[0]
+    assert model.verify(7) - model.verify(6) > 5.0
+    assert model.verify(10) > model.verify(8) > model.verify(7)  # past the last width it keeps rising
+    a, b = _line(points)
+    assert b < 2.0  # the line's step from 6 to 7 positions: under 2 ms where the passes stepped up 6

@@ -74,12 +74,43 @@ def path_for(key: dict) -> Path:
 
 @dataclass
 class ProfileModel(CostModel):
-    """`CostModel` fitted to a profile: a one-token pass costs `step` (plain decoding's), a verify pass of 2 or
-    more positions the line through the speculative rounds' own widths (which on a CPU with the few-row kernel
-    lie below a step: one line through both would misprice every width)."""
+    """`CostModel` fitted to a profile: a one-token pass costs `step` (plain decoding's); a verify pass of 2 or
+    more positions follows `points`, the speculative rounds' own widths made non-decreasing (`monotone`), linear
+    between them, flat below the first and rising past the last at the mean slope across them (the `verify_b` line's
+    where that is steeper). Not a line through them: the few-row kernel's passes are flat over a few positions and
+    then step up (SmolLM2-135M bf16 on an Intel Xeon without AMX, 6 December 2026: 30.5–34.5 ms for 3–6 positions,
+    39.1 and 41.4 for 7 and 8), and a line through them priced long rounds low, so seeded γ auto drafted longer than
+    the best fixed γ; nor through the one-token step, which plain decoding takes by another product."""
+
+    points: tuple = ()  # ((width, seconds), ...), widths ≥ 2, increasing, seconds non-decreasing
 
     def verify(self, n: int) -> float:
-        return self.step if n <= 1 else max(0.0, self.verify_a + self.verify_b * n)
+        if n <= 1:
+            return self.step
+        if not self.points:
+            return max(0.0, self.verify_a + self.verify_b * n)
+        (n0, t0), (n1, t1) = self.points[0], self.points[-1]
+        if n <= n0:
+            return t0
+        if n >= n1:
+            slope = max(self.verify_b, (t1 - t0) / (n1 - n0) if n1 > n0 else 0.0)
+            return t1 + slope * (n - n1)
+        for (a, ta), (b, tb) in zip(self.points, self.points[1:], strict=False):
+            if a <= n <= b:
+                return ta + (tb - ta) * (n - a) / (b - a)
+        return t1
+
+
+def monotone(points: list[tuple[float, float, float]]) -> list[tuple[float, float]]:
+    """The non-decreasing fit, weighted by rounds, of (width, seconds, rounds) points sorted by width (pool adjacent
+    violators): a noisy dip between two widths is averaged away; a real step up stays."""
+    blocks: list[list] = []  # [sum of w·y, sum of w, widths]
+    for n, y, w in sorted(points):
+        blocks.append([w * y, w, [n]])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            last = blocks.pop()
+            blocks[-1] = [blocks[-1][0] + last[0], blocks[-1][1] + last[1], blocks[-1][2] + last[2]]
+    return [(n, wy / w) for wy, w, widths in blocks for n in widths]
 
 
 @dataclass
@@ -94,29 +125,43 @@ class CostProfile:
     created: str = ""
     tokens: int = 0  # new tokens per run
     runs: int = 0  # speculative runs pooled
+    # the records of every sampling mode measured with this one, pooled (None: this mode's alone): forwards cost the
+    # same greedy or sampled, so their lines take twice the rounds; only the time outside forwards is the mode's own
+    forwards: CostRecord | None = None
+    plain_forwards: CostRecord | None = None
 
     def model(self, source: str = "") -> ProfileModel:
-        """The cost model of these records: `CostModel.fit` for the draft and the time outside forwards, plain
-        decoding's one-token step, and the verify line over widths ≥ 2."""
+        """The cost model of these records: `CostModel.fit` for the time outside forwards (this mode's rounds) and
+        for the draft's line (the pooled rounds where there are), plain decoding's one-token step, and the verify
+        line over widths ≥ 2."""
         fitted = CostModel.fit(self.record, self.plain)
-        widths = [(n, s / r, r) for n, (r, s) in enumerate(zip(self.record.width_rounds, self.record.width_seconds,
+        record, plain = (self.forwards, self.plain_forwards) if self.forwards is not None and \
+            self.plain_forwards is not None else (self.record, self.plain)
+        pooled = CostModel.fit(record, plain)
+        widths = [(n, s / r, r) for n, (r, s) in enumerate(zip(record.width_rounds, record.width_seconds,
                                                                 strict=False)) if r and n >= 2]
-        a, b = _line(_populated(widths)) if widths else (fitted.verify_a, fitted.verify_b)
+        a, b = _line(_populated(widths)) if widths else (pooled.verify_a, pooled.verify_b)
         values = {f.name: getattr(fitted, f.name) for f in fields(CostModel)}
-        values.update(verify_a=a, verify_b=b, source=source or "cost profile")
-        return ProfileModel(**values)
+        values.update(step=pooled.step, draft_a=pooled.draft_a, draft_b=pooled.draft_b, verify_a=a, verify_b=b,
+                      source=source or "cost profile")
+        return ProfileModel(**values, points=tuple(monotone(_populated(widths))) if widths else ())
 
     def to_dict(self) -> dict:
-        return {"key": self.key, "record": self.record.to_dict(), "plain": self.plain.to_dict(),
-                "gammas": list(self.gammas), "created": self.created, "tokens": self.tokens, "runs": self.runs}
+        out = {"key": self.key, "record": self.record.to_dict(), "plain": self.plain.to_dict(),
+               "gammas": list(self.gammas), "created": self.created, "tokens": self.tokens, "runs": self.runs}
+        if self.forwards is not None and self.plain_forwards is not None:
+            out.update(forwards=self.forwards.to_dict(), plain_forwards=self.plain_forwards.to_dict())
+        return out
 
     @classmethod
     def from_dict(cls, data: dict) -> CostProfile:
         record, plain = CostRecord.from_dict(data["record"]), CostRecord.from_dict(data["plain"])
         if record is None or plain is None or not record.rounds or not plain.rounds:
             raise ValueError("a profile needs speculative and plain rounds")
+        forwards, plain_forwards = CostRecord.from_dict(data.get("forwards")), CostRecord.from_dict(
+            data.get("plain_forwards"))
         return cls(data["key"], record, plain, [int(g) for g in data.get("gammas", [])], str(data.get("created", "")),
-                   int(data.get("tokens", 0)), int(data.get("runs", 0)))
+                   int(data.get("tokens", 0)), int(data.get("runs", 0)), forwards, plain_forwards)
 
 
 def now() -> str:
@@ -174,5 +219,5 @@ def describe(profile: CostProfile) -> dict:
             "plain_other": model.plain_other / step}
 
 
-__all__ = ["CostProfile", "ProfileModel", "describe", "find", "mode", "path_for", "profile_dir",
+__all__ = ["CostProfile", "ProfileModel", "describe", "monotone", "find", "mode", "path_for", "profile_dir",
            "profile_key", "save"]

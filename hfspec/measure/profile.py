@@ -55,7 +55,7 @@ def measure_profile(target, draft, input_ids, gammas=DEFAULT_GAMMAS, temperature
     check_profile_arguments(gammas, temperatures, max_new_tokens, repeats)
     gammas, temperatures = [int(g) for g in gammas], [float(t) for t in temperatures]
     say = progress or (lambda _text: None)
-    out = []
+    out, measured = [], []
     for temperature in temperatures:
         sampled = temperature > 0
         sampling = {"temperature": temperature, "max_new_tokens": max_new_tokens, "min_new_tokens": max_new_tokens}
@@ -83,9 +83,16 @@ def measure_profile(target, draft, input_ids, gammas=DEFAULT_GAMMAS, temperature
             say(f"profile ({mode}, T = {temperature:g}): " + ("warmed up" if r < 0 else
                 f"turn {r + 1}/{repeats} of γ {gammas[0]}–{gammas[-1]} and plain decoding"))
         key = profile_key(target, draft, sampled, input_ids.device)
-        profile = CostProfile(key, record, plain_record, gammas, now(), max_new_tokens, repeats * len(gammas))
+        measured.append(CostProfile(key, record, plain_record, gammas, now(), max_new_tokens, repeats * len(gammas)))
+    if len(measured) > 1:  # the forwards' lines from every mode's rounds (`CostProfile.forwards`)
+        forwards, plain_forwards = measured[0].record, measured[0].plain
+        for profile in measured[1:]:
+            forwards, plain_forwards = forwards.merge(profile.record), plain_forwards.merge(profile.plain)
+        for profile in measured:
+            profile.forwards, profile.plain_forwards = forwards, plain_forwards
+    for profile in measured:
         path = save(profile)
-        say(f"profile ({mode}) saved: {path}")
+        say(f"profile ({profile.key['sampling']}) saved: {path}")
         out.append((profile, str(path)))
     return out
 
