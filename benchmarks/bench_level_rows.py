@@ -14,6 +14,8 @@ re-measured: `common.time_operators`).
 from __future__ import annotations
 
 import json
+import os
+from contextlib import contextmanager
 
 import torch
 from common import (
@@ -27,14 +29,30 @@ from common import (
     write_results,
 )
 
+from hfspec.kernels import int4_rows
 from hfspec.kernels.lean_layers import LeanLinear
 from hfspec.quant import int8
 
-STORAGES = {"int4 kernel": (4, 32), "int8 kernel": (8, int8.PER_CHANNEL), "dense bf16": None, "dense fp32": None,
+STORAGES = {"int4 kernel": (4, 32), "int4 torch": (4, 32), "int8 kernel": (8, int8.PER_CHANNEL), "dense bf16": None, "dense fp32": None,
             "int8 dynamic": None}
+# "int4 kernel" is what a 4-bit draft runs (hfspec's own int4 kernel where it builds, `hfspec.kernels.int4_rows`),
+# "int4 torch" the same storage through torch's `_weight_int4pack_mm_for_cpu`.
 # "int8 dynamic" is not a storage hfspec runs: fbgemm's dynamically quantised int8 linear (torch.ops.quantized, the
 # x86 engine: int8 weights with one scale per row as `int8`'s, each call's activations rounded to uint8 with one
 # scale), measured to see whether a level could be cheaper per node on VNNI (docs/trees.md says what it found).
+
+
+@contextmanager
+def env(name: str, value: str):
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name)
+        else:
+            os.environ[name] = before
 
 
 def shapes(folder) -> list[tuple[int, int]]:
@@ -61,6 +79,9 @@ def calls(storage: str, dims: list[tuple[int, int]]):
             qw = torch.quantize_per_channel(w, scale, torch.zeros(n, dtype=torch.long), 0, torch.qint8)
             packed = torch.ops.quantized.linear_prepack(qw, None)
             out.append(lambda x, packed=packed: torch.ops.quantized.linear_dynamic(x, packed, False))
+        elif storage == "int4 torch":  # the same storage through torch's kernel instead of hfspec's
+            with env(int4_rows.MODE_ENV, "off"):
+                out.append(LeanLinear(w, None, *STORAGES[storage]).matmul())
         else:
             out.append(LeanLinear(w, None, *STORAGES[storage]).matmul())
     return out
@@ -70,7 +91,7 @@ def main() -> None:
     p = parser(__doc__.splitlines()[0])
     p.set_defaults(models="smollm2-offgrid", repeats=15)
     p.add_argument("--rows", default="1,2,4,8,16")
-    p.add_argument("--storages", default=",".join(s for s in STORAGES if s != "int8 dynamic"),
+    p.add_argument("--storages", default=",".join(s for s in STORAGES if s not in ("int8 dynamic", "int4 torch")),
                    help=f"comma-separated, from: {', '.join(STORAGES)}")
     p.add_argument("--out", help="write OUT.md and OUT.json")
     args = p.parse_args()

@@ -13,25 +13,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hfspec.kernels import int4_rows
 from hfspec.quant import groupwise, int8, packing
 from hfspec.quant.calibrate import Coded
 from hfspec.quant.modules import FUSED_GROUP_SIZES
 
-# elements: 5-8-bit matrices smaller than this stay fp32 (bf16 matmuls are slow on CPUs
-# without bf16 units)
+# elements: 5-8-bit matrices smaller than this stay fp32 (bf16 matmuls are slow on CPUs without bf16 units)
 DENSE_BELOW = 1 << 18
 # elements: at 2-4 bits a matrix this large or larger runs the int4 kernel. In a real decode the draft's step
-# alternates with the target's and finds its weights out of cache, so bytes read decide (an rtn4 step reads about
-# an eighth of the fp32 bytes); below 64 KB of fp32 a matrix stays in cache anyway and the kernel's casts cost
-# more than the bytes they save (benchmarks/ measures both sides)
+# alternates with the target's and finds its weights out of cache, so bytes read decide (an rtn4 step reads an eighth
+# of the fp32 bytes); below 64 KB of fp32 a matrix stays in cache and the kernel's casts cost more than they save
 INT4_FROM = 1 << 14
 # activation rows: from this many a packed int4 / int8 matrix is multiplied as bf16, dequantised a block of its
 # rows at a time, by oneDNN's GEMM (`_dequantised`). The packed kernels cost nearly a row's worth per row: a long
 # prompt's prefill through them cost more than the target's own (SmolLM2-135M fp32, 1024 rows: rtn4 1.08-1.25x,
 # int8 1.16-1.27x). Dequantising costs a fixed ~4 ns a weight on the 2-core EPYC VM, so it pays from about 500 rows
 # at int4 (prefill time over the kernel path's, two runs: 1.06-1.19x at 256 rows, 0.88-0.99x at 512, 0.70-0.76x
-# at 1024) and 100 at int8 (1.25-1.34x at 64, 0.78-0.79x at 128, 0.64-0.71x at 1024);
-# `benchmarks/bench_prefill_rows.py`, 3 December
+# at 1024) and 100 at int8 (1.25-1.34x at 64, 0.78-0.79x at 128, 0.64-0.71x at 1024; bench_prefill_rows.py, 3 Dec)
 DEQUANTISED_FROM = {"int4": 512, "int8": 128}
 _ACTS = {"silu": F.silu, "swish": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
          "gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh")}
@@ -96,7 +94,7 @@ class LeanLinear(nn.Module):
                                                    ).transpose(0, 1).to(torch.bfloat16)
                 self.register_buffer("packed", packed)
                 self.register_buffer("scales_and_zeros", sz)
-                self.path = _PATH_INT4
+                self.path = _PATH_INT4 if int4_rows.function() is None else int4_rows.PATH
             elif bits is not None:
                 small = numel < DENSE_BELOW
                 dense = torch.empty(self.out_features, self.in_features,
@@ -122,13 +120,15 @@ class LeanLinear(nn.Module):
         bias, n = self.bias, self.out_features
         if self.int4:
             packed, group, sz, padded = self.packed, self.group_size, self.scales_and_zeros, self.packed.shape[0]
-            kernel = torch.ops.aten._weight_int4pack_mm_for_cpu
-            bf16 = torch.bfloat16
+            kernel, ours, compiling = (torch.ops.aten._weight_int4pack_mm_for_cpu, int4_rows.function(),
+                                       torch.compiler.is_compiling)
 
             def int4(x):
                 if x.shape[0] >= DEQUANTISED_FROM["int4"]:
                     return _dequantised(x, n, 64, functools.partial(_int4_rows, packed, sz, group), bias)
-                y = kernel(x.to(bf16), packed, group, sz)
+                if ours is not None and x.shape[0] <= int4_rows.MAX_ROWS and not compiling():
+                    return int4_rows.matmul(ours, x, packed, sz, n, group, bias)
+                y = kernel(x.to(torch.bfloat16), packed, group, sz)
                 y = (y[:, :n] if padded != n else y).float()
                 return y if bias is None else y + bias
             return int4

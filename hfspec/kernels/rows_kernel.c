@@ -15,6 +15,7 @@
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #define PREFETCH_ROWS 2
 #define F32_CHUNK 12
@@ -192,3 +193,97 @@ static void share(int64_t N, int64_t* n0, int64_t* n1) {
 
 ENTRY(hfspec_rows_f32, float, F32, F32_CHUNK)
 ENTRY(hfspec_rows_bf16, uint16_t, BF16, BF16_CHUNK)
+
+/* ------------------------------------------------------------------------------------------------ int4 */
+/* hfspec_int4_rows: y [M, N] = x [M, K] W^T (+ b) for a 4-bit weight in torch's CPU int4 layout (what
+ * aten._weight_int4pack_mm_for_cpu reads; hfspec/quant/packing.py): packed [Np/64, K, 32] bytes, byte j of a
+ * column k of block t holding row 64t + j in its low nibble and row 64t + 32 + j in its high one, and
+ * scales_and_zeros [K/group, Np, 2] bf16 (s, o): w = (code − 8) · s + o (hfspec/kernels/verify_linear.py says why
+ * the draft's tree levels and steps take this instead of torch's kernel).
+ *
+ * Per block of 64 rows and per group, each column's 32 bytes become four vectors of 16 codes as fp32 (the low
+ * nibbles by a table permute, the high ones shifted and converted), multiplied into one accumulator per row of x
+ * and vector; at the group's end y += s · Σ x·code + (o − 8 s) · Σ x, so the scales cost nothing per weight.
+ * Rows of x go in near-equal chunks of at most INT4_CHUNK (4 accumulators each must fit in registers); the
+ * next chunk finds the block in L1 or L2. Threads split the blocks. */
+#define INT4_CHUNK 6
+
+#define INT4_BODY(M)                                                                                               \
+  {                                                                                                                \
+    float ybuf[M][64] __attribute__((aligned(64)));                                                                \
+    for (int m = 0; m < M; m++)                                                                                    \
+      for (int r = 0; r < 4; r++) _mm512_store_ps(ybuf[m] + 16 * r, _mm512_setzero_ps());                          \
+    const uint8_t* bt = packed + t * K * 32;                                                                       \
+    const __m512 codes = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);                      \
+    const __m512i top = _mm512_set1_epi32((int)0xFFFF0000u);                                                       \
+    for (int64_t g = 0; g < G; g++) {                                                                              \
+      __m512 acc[M][4];                                                                                            \
+      for (int m = 0; m < M; m++)                                                                                  \
+        for (int r = 0; r < 4; r++) acc[m][r] = _mm512_setzero_ps();                                               \
+      for (int64_t k = g * group; k < (g + 1) * group; k++) {                                                      \
+        const uint8_t* b = bt + k * 32;                                                                            \
+        _mm_prefetch((const char*)(b + 32 * 8), _MM_HINT_T0);                                                      \
+        __m512i i0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)b));                                     \
+        __m512i i1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(b + 16)));                              \
+        __m512 q0 = _mm512_permutexvar_ps(i0, codes); /* the permute reads the low 4 bits of each index */         \
+        __m512 q1 = _mm512_permutexvar_ps(i1, codes);                                                              \
+        __m512 q2 = _mm512_cvtepi32_ps(_mm512_srli_epi32(i0, 4));                                                  \
+        __m512 q3 = _mm512_cvtepi32_ps(_mm512_srli_epi32(i1, 4));                                                  \
+        for (int m = 0; m < M; m++) {                                                                              \
+          __m512 xb = _mm512_set1_ps(x[m * K + k]);                                                                \
+          acc[m][0] = _mm512_fmadd_ps(xb, q0, acc[m][0]);                                                          \
+          acc[m][1] = _mm512_fmadd_ps(xb, q1, acc[m][1]);                                                          \
+          acc[m][2] = _mm512_fmadd_ps(xb, q2, acc[m][2]);                                                          \
+          acc[m][3] = _mm512_fmadd_ps(xb, q3, acc[m][3]);                                                          \
+        }                                                                                                          \
+      }                                                                                                            \
+      const uint32_t* words = sz + g * Np + t * 64; /* (s, o) bf16 pairs: s in the low half */                    \
+      for (int r = 0; r < 4; r++) {                                                                                \
+        __m512i wd = _mm512_loadu_si512(words + 16 * r);                                                           \
+        __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(wd, 16));                                                 \
+        __m512 o = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), s, _mm512_castsi512_ps(_mm512_and_si512(wd, top)));      \
+        for (int m = 0; m < M; m++) {                                                                              \
+          __m512 yv = _mm512_fmadd_ps(s, acc[m][r], _mm512_load_ps(ybuf[m] + 16 * r));                             \
+          _mm512_store_ps(ybuf[m] + 16 * r, _mm512_fmadd_ps(o, _mm512_set1_ps(xs[m * G + g]), yv));                \
+        }                                                                                                          \
+      }                                                                                                            \
+    }                                                                                                              \
+    int64_t n0 = t * 64, valid = N - n0 < 64 ? N - n0 : 64;                                                        \
+    for (int m = 0; m < M; m++)                                                                                    \
+      for (int64_t j = 0; j < valid; j++) y[m * N + n0 + j] = ybuf[m][j] + (b ? b[n0 + j] : 0.0f);                 \
+  }
+
+#define DEFINE_INT4(M)                                                                                             \
+  static void int4_##M(const float* x, const float* xs, const uint8_t* packed, const uint32_t* sz, const float* b,  \
+                       float* y, int64_t N, int64_t Np, int64_t K, int64_t G, int64_t group, int64_t t)            \
+      INT4_BODY(M)
+DEFINE_INT4(1) DEFINE_INT4(2) DEFINE_INT4(3) DEFINE_INT4(4) DEFINE_INT4(5) DEFINE_INT4(6)
+typedef void (*int4_fn)(const float*, const float*, const uint8_t*, const uint32_t*, const float*, float*, int64_t,
+                        int64_t, int64_t, int64_t, int64_t, int64_t);
+static const int4_fn INT4[INT4_CHUNK + 1] = {0, int4_1, int4_2, int4_3, int4_4, int4_5, int4_6};
+
+/* hfspec_int4_rows(x [M, K] fp32, packed, scales_and_zeros (bf16 bit patterns), b [N] fp32 or NULL, y [M, N] fp32,
+ * M, N, Np (N padded to 64), K, group, threads), all contiguous. Returns 0, 1 for bad sizes, 2 out of memory. */
+int hfspec_int4_rows(const float* x, const uint8_t* packed, const uint16_t* sz, const float* b, float* y, int64_t M,
+                     int64_t N, int64_t Np, int64_t K, int64_t group, int threads) {
+  if (M < 1 || N < 1 || K < 1 || group < 1 || K % group || Np % 64 || N > Np) return 1;
+  int64_t G = K / group, T = Np / 64, chunks = (M + INT4_CHUNK - 1) / INT4_CHUNK;
+  float* xs = (float*)malloc(sizeof(float) * M * G); /* Σ x over each group, per row */
+  if (!xs) return 2;
+  for (int64_t m = 0; m < M; m++)
+    for (int64_t g = 0; g < G; g++) {
+      float s = 0.0f;
+      for (int64_t k = g * group; k < (g + 1) * group; k++) s += x[m * K + k];
+      xs[m * G + g] = s;
+    }
+  if (threads < 2 || T < 2) threads = 1;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t c = 0, m0 = 0; c < chunks; c++) {
+      int64_t rows = (M - m0) / (chunks - c);
+      INT4[rows](x + m0 * K, xs + m0 * G, packed, (const uint32_t*)sz, b, y + m0 * N, N, Np, K, G, group, t);
+      m0 += rows;
+    }
+  free(xs);
+  return 0;
+}

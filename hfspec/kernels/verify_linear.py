@@ -77,6 +77,7 @@ FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 BUILD_TIMEOUT = 120  # seconds
 
 _lock = threading.Lock()
+_library_lock = threading.Lock()
 _built: tuple[dict | None, str] | None = None  # ({dtype: (C function, most rows)} or None, what runs and why)
 _warned = False  # a kernel that was wanted and could not be built is said once per process
 
@@ -130,9 +131,9 @@ def status() -> str:
 
 def reset() -> None:
     """Forget the built kernel, so that the next use builds or loads it again (tests, a changed folder)."""
-    global _built, _warned
-    with _lock:
-        _built, _warned = None, False
+    global _built, _warned, _loaded
+    with _lock, _library_lock:
+        _built, _warned, _loaded = None, False, None
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -218,6 +219,39 @@ def _build() -> tuple[dict | None, str]:
     why_not = applies()
     if why_not:
         return None, why_not
+    loaded, library = load_library()
+    if loaded is None:
+        return None, library
+    fns = {}
+    for dtype, (name, most) in DTYPES.items():
+        fn = getattr(loaded, name)
+        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+        fn.restype = ctypes.c_int
+        fns[dtype] = (fn, most)
+    wrong = _check(fns)
+    if wrong:
+        return None, f"the few-row kernel was built but disagrees with F.linear ({wrong})"
+    return fns, (f"few-row kernel (AVX-512; fp32 {MIN_ROWS}-{DTYPES[torch.float32][1]} rows, bf16 "
+                 f"{MIN_ROWS}-{DTYPES[torch.bfloat16][1]}; {library})")
+
+
+_loaded: tuple[ctypes.CDLL | None, str] | None = None
+
+
+def load_library() -> tuple[ctypes.CDLL | None, str]:
+    """The compiled `rows_kernel.c` (built or found in `kernel_dir`, once per process) and its path, or (None, why
+    not): shared by the verify kernel and the draft's int4 kernel (`hfspec.kernels.int4_rows`)."""
+    global _loaded
+    with _library_lock:
+        if _loaded is None:
+            _loaded = _load()
+        return _loaded
+
+
+def _load() -> tuple[ctypes.CDLL | None, str]:
+    why_not = applies()
+    if why_not:
+        return None, why_not
     compiler = _compiler()
     if compiler is None:
         return None, "no C compiler (cc or $CC) on PATH to build the few-row kernel"
@@ -232,17 +266,7 @@ def _build() -> tuple[dict | None, str]:
             loaded = ctypes.CDLL(str(library))
     except (OSError, subprocess.SubprocessError) as error:
         return None, f"the few-row kernel could not be built: {first_line(error)}"
-    fns = {}
-    for dtype, (name, most) in DTYPES.items():
-        fn = getattr(loaded, name)
-        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-        fn.restype = ctypes.c_int
-        fns[dtype] = (fn, most)
-    wrong = _check(fns)
-    if wrong:
-        return None, f"the few-row kernel was built but disagrees with F.linear ({wrong})"
-    return fns, (f"few-row kernel (AVX-512; fp32 {MIN_ROWS}-{DTYPES[torch.float32][1]} rows, bf16 "
-                 f"{MIN_ROWS}-{DTYPES[torch.bfloat16][1]}; {library})")
+    return loaded, str(library)
 
 
 def _compiler() -> str | None:

@@ -1,0 +1,139 @@
+"""A 4-bit draft's products without torch's int4 kernel: `rows_kernel.c`'s `hfspec_int4_rows` reads the same packed
+codes and scales (`LeanLinear`'s int4 storage, torch's CPU int4 layout) and multiplies them into fp32 rows.
+
+Why: `aten._weight_int4pack_mm_for_cpu`, which ran every 4-bit draft, is bound by its arithmetic, not by memory,
+on the 2-core VMs (SmolLM2-135M's matrices fit in their caches), and it works in blocks of 4 rows, so a tree level
+of 8 nodes cost 3.3 one-node levels and 16 nodes 6.8 (`benchmarks/bench_level_rows.py`). This kernel turns each
+column's codes into fp32 with a table permute and applies the scales once per group (y += s·Σ x·code +
+(o − 8s)·Σ x): on the 2-core Intel Xeon without AMX a layer's matrices and the head took 0.60–0.71 ms for one row
+against torch's 0.94–1.08, and 4.0 ms for 16 rows against 6.8 (`benchmarks/bench_level_rows.py --storages "int4
+kernel,int4 rows"`). The draft's q changes only by float rounding (fp32 activations where torch rounds them to
+bf16): a proposal, so the output law is untouched.
+
+Used by the lean draft step's int4 matrices for 1..`MAX_ROWS` rows in eager calls (one-token steps of an
+uncompiled draft, catch-up feeds, tree levels, short prompts); a compiled step keeps torch's kernel, which inductor
+knows. `$HFSPEC_INT4_KERNEL`: "auto" (the default) and "on" use it wherever it builds and checks (x86-64 Linux
+with AVX-512, as the verify kernel; built into the same library), "off" keeps torch's kernel. Checked against a
+dequantised product before first use; where it cannot be built or disagrees, torch's kernel runs and `status()`
+says why.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+
+import torch
+
+from hfspec.errors import bad_value
+from hfspec.kernels import verify_linear
+from hfspec.quant import packing
+
+MODE_ENV = "HFSPEC_INT4_KERNEL"
+MODES = ("auto", "on", "off")
+# Rows a call may have to take this kernel: past them torch's kernel (and, from `DEQUANTISED_FROM`, a bf16 GEMM of
+# dequantised blocks) was as fast (benchmarks/bench_level_rows.py on the no-AMX Xeon, 6 December 2026)
+MAX_ROWS = 64
+PATH = f"int4 CPU kernel (hfspec's for 1-{MAX_ROWS} rows, aten._weight_int4pack_mm_for_cpu compiled or past them)"
+
+_lock = threading.Lock()
+_built: tuple[object | None, str] | None = None
+
+
+def mode() -> str:
+    value = os.environ.get(MODE_ENV, "") or "auto"
+    if value not in MODES:
+        raise bad_value(MODE_ENV, value, "auto, on or off")
+    return value
+
+
+def function():
+    """The kernel's C function, built and checked on first use; None where it is off or cannot run (`status`)."""
+    global _built
+    if mode() == "off":
+        return None
+    with _lock:
+        if _built is None:
+            _built = _build()
+        return _built[0]
+
+
+def status() -> str:
+    """What a 4-bit draft's matrices run here: this kernel or torch's, and why."""
+    if mode() == "off":
+        return f"torch's int4 kernel ({MODE_ENV}=off)"
+    fn = function()
+    return _built[1] if fn is not None else f"torch's int4 kernel ({_built[1]})"
+
+
+def reset() -> None:
+    """Forget the built kernel (tests, a changed folder)."""
+    global _built
+    with _lock:
+        _built = None
+
+
+def matmul(fn, x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, n: int, group: int,
+           bias: torch.Tensor | None) -> torch.Tensor:
+    """x [M, K] fp32 times the int4 weight (`LeanLinear`'s `packed` [Np, K/2] and `scales_and_zeros` [K/group, Np, 2]
+    bf16), first `n` outputs, plus `bias`: y [M, n] fp32."""
+    x = x.contiguous()
+    m, k = x.shape
+    y = torch.empty(m, n, dtype=torch.float32)
+    if fn(x.data_ptr(), packed.data_ptr(), scales_and_zeros.data_ptr(), bias.data_ptr() if bias is not None else None,
+          y.data_ptr(), m, n, packed.shape[0], k, group, torch.get_num_threads()):
+        raise RuntimeError(f"hfspec's int4 kernel refused x {tuple(x.shape)} against {n} × {k} (group {group})")
+    return y
+
+
+def reference(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, n: int, group: int,
+              bias: torch.Tensor | None) -> torch.Tensor:
+    """The same product through a dequantised fp32 weight (what the check compares with)."""
+    k = x.shape[1]
+    codes = packing.unpack_int4_cpu(packed, k).float()  # [Np, K]
+    scale = scales_and_zeros[..., 0].float().t().repeat_interleave(group, 1)
+    offset = scales_and_zeros[..., 1].float().t().repeat_interleave(group, 1)
+    w = ((codes - 8) * scale + offset)[:n]
+    return torch.nn.functional.linear(x.float(), w, None if bias is None else bias.float())
+
+
+def _build() -> tuple[object | None, str]:
+
+
+    if packing.int4_block() != 64:
+        return None, "torch's int4 layout here is not the AVX-512 one (blocks of 64 rows)"
+    loaded, where = verify_linear.load_library()
+    if loaded is None:
+        return None, where
+    fn = getattr(loaded, "hfspec_int4_rows", None)
+    if fn is None:
+        return None, f"{where} has no hfspec_int4_rows"
+    fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5 + [ctypes.c_int]
+    fn.restype = ctypes.c_int
+    wrong = _check(fn)
+    if wrong:
+        return None, f"hfspec's int4 kernel was built but disagrees with a dequantised product ({wrong})"
+    return fn, f"hfspec's int4 kernel (AVX-512, 1-{MAX_ROWS} rows; {where})"
+
+
+def _check(fn) -> str:
+    """'' when the kernel matches `reference` on every chunking of rows, ragged N, groups of 32 and 64, with and
+    without a bias; else what differed."""
+
+
+    generator = torch.Generator().manual_seed(0)
+    for n, k, group, bias in ((70, 64, 32, True), (128, 192, 64, False), (200, 96, 32, False)):
+        padded = -(-n // 64) * 64
+        codes = torch.randint(0, 16, (padded, k), generator=generator, dtype=torch.uint8)
+        packed = packing.pack_int4_cpu(codes, 64)
+        sz = (torch.rand(k // group, padded, 2, generator=generator) - 0.5).to(torch.bfloat16)
+        b = torch.randn(n, generator=generator) if bias else None
+        for rows in (1, 2, 5, 6, 7, 13, 16):
+            x = torch.randn(rows, k, generator=generator)
+            got = matmul(fn, x, packed, sz, n, group, b)
+            want = reference(x, packed, sz, n, group, b)
+            scale = want.abs().max().item() + 1e-6
+            if not (got - want).abs().max().item() <= 1e-5 * scale * k ** 0.5:
+                return f"{rows} rows, {n} × {k}, group {group}: off by {(got - want).abs().max().item():.2e}"
+    return ""

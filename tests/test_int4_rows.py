@@ -1,0 +1,72 @@
+"""hfspec's own int4 kernel (`hfspec.kernels.int4_rows`): the same product as torch's int4 kernel over the same
+packed codes, for every row count a draft call takes, checked against a dequantised product; a wrong layout is
+caught; `$HFSPEC_INT4_KERNEL` is honoured and a bad value is refused by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hfspec.errors import HfspecError
+from hfspec.kernels import int4_rows
+from hfspec.kernels.lean_layers import LeanLinear
+from hfspec.quant import packing
+
+needs_kernel = pytest.mark.skipif(int4_rows.function() is None, reason="hfspec's int4 kernel does not run here")
+
+
+def _linear(n=200, k=192, bias=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g)
+    b = torch.randn(n, generator=g) if bias else None
+    return LeanLinear(w, b, 4, 32)
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 2, 3, 6, 7, 12, 16, 33, int4_rows.MAX_ROWS])
+def test_matches_the_dequantised_product_and_torchs_kernel(rows):
+    lin = _linear()
+    assert lin.int4
+    x = torch.randn(rows, 192, generator=torch.Generator().manual_seed(rows))
+    fn = int4_rows.function()
+    got = int4_rows.matmul(fn, x, lin.packed, lin.scales_and_zeros, 200, 32, lin.bias)
+    want = int4_rows.reference(x, lin.packed, lin.scales_and_zeros, 200, 32, lin.bias)
+    assert got.shape == (rows, 200)
+    assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+    # torch's kernel rounds x to bf16: the two agree to that rounding, and LeanLinear takes hfspec's
+    aten = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), lin.packed, 32,
+                                                      lin.scales_and_zeros)[:, :200].float() + lin.bias
+    assert (got - aten).abs().max() <= 2e-2 * aten.abs().max()
+    assert torch.equal(lin(x), got)
+
+
+@needs_kernel
+def test_a_wrong_row_order_is_caught():
+    lin = _linear(bias=False)
+    x = torch.randn(4, 192, generator=torch.Generator().manual_seed(1))
+    fn = int4_rows.function()
+    got = int4_rows.matmul(fn, x, lin.packed, lin.scales_and_zeros, 200, 32, None)
+    # the same codes read as the AVX2 layout (blocks of 32 rows) give other weights: the reference must differ
+    codes = packing.unpack_int4_cpu(lin.packed, 192, block=32).float()
+    scale = lin.scales_and_zeros[..., 0].float().t().repeat_interleave(32, 1)
+    offset = lin.scales_and_zeros[..., 1].float().t().repeat_interleave(32, 1)
+    wrong = x @ ((codes - 8) * scale + offset)[:200].t()
+    assert (got - wrong).abs().max() > 0.1 * wrong.abs().max()
+
+
+@needs_kernel
+def test_off_keeps_torchs_kernel(monkeypatch):
+    lin = _linear(bias=False)
+    x = torch.randn(3, 192, generator=torch.Generator().manual_seed(2))
+    ours = lin(x)
+    monkeypatch.setenv(int4_rows.MODE_ENV, "off")
+    assert int4_rows.function() is None and "off" in int4_rows.status()
+    theirs = lin(x)
+    assert not torch.equal(ours, theirs)  # torch's rounds x to bf16
+    assert (ours - theirs).abs().max() <= 2e-2 * theirs.abs().max()
+
+
+def test_a_bad_mode_is_refused_by_name(monkeypatch):
+    monkeypatch.setenv(int4_rows.MODE_ENV, "fast")
+    with pytest.raises(HfspecError, match=int4_rows.MODE_ENV):
+        int4_rows.mode()
