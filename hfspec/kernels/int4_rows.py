@@ -31,6 +31,7 @@ from hfspec.kernels import verify_linear
 from hfspec.quant import packing
 
 MODE_ENV = "HFSPEC_INT4_KERNEL"
+FUNCTION = "hfspec_int4_rows"  # its name in the library
 MODES = ("auto", "on", "off")
 # Rows a call may have to take this kernel: past them torch's kernel (and, from `DEQUANTISED_FROM`, a bf16 GEMM of
 # dequantised blocks) was as fast (benchmarks/bench_level_rows.py on the no-AMX Xeon, 6 December 2026)
@@ -106,9 +107,10 @@ def _build() -> tuple[object | None, str]:
     loaded, where = verify_linear.load_library()
     if loaded is None:
         return None, where
-    fn = getattr(loaded, "hfspec_int4_rows", None)
-    if fn is None:
-        return None, f"{where} has no hfspec_int4_rows"
+    try:
+        fn = getattr(loaded, FUNCTION)
+    except AttributeError:
+        return None, f"{where} has no {FUNCTION}"
     fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5 + [ctypes.c_int]
     fn.restype = ctypes.c_int
     wrong = _check(fn)
