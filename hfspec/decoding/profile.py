@@ -135,9 +135,9 @@ class CostProfile:
         for the draft's line (the pooled rounds where there are), plain decoding's one-token step, and the verify
         line over widths ≥ 2."""
         fitted = CostModel.fit(self.record, self.plain)
-        record, plain = (self.forwards, self.plain_forwards) if self.forwards is not None and \
-            self.plain_forwards is not None else (self.record, self.plain)
-        pooled = CostModel.fit(record, plain)
+        pooling = self.forwards is not None and self.plain_forwards is not None
+        record, plain = (self.forwards, self.plain_forwards) if pooling else (self.record, self.plain)
+        pooled = CostModel.fit(record, plain) if pooling else fitted
         widths = [(n, s / r, r) for n, (r, s) in enumerate(zip(record.width_rounds, record.width_seconds,
                                                                 strict=False)) if r and n >= 2]
         a, b = _line(_populated(widths)) if widths else (pooled.verify_a, pooled.verify_b)

@@ -5,9 +5,9 @@ Why: `aten._weight_int4pack_mm_for_cpu`, which ran every 4-bit draft, is bound b
 on the 2-core VMs (SmolLM2-135M's matrices fit in their caches), and it works in blocks of 4 rows, so a tree level
 of 8 nodes cost 3.3 one-node levels and 16 nodes 6.8 (`benchmarks/bench_level_rows.py`). This kernel turns each
 column's codes into fp32 with a table permute and applies the scales once per group (y += s·Σ x·code +
-(o − 8s)·Σ x): on the 2-core Intel Xeon without AMX a layer's matrices and the head took 0.60–0.71 ms for one row
-against torch's 0.94–1.08, and 4.0 ms for 16 rows against 6.8 (`benchmarks/bench_level_rows.py --storages "int4
-kernel,int4 rows"`). The draft's q changes only by float rounding (fp32 activations where torch rounds them to
+(o − 8s)·Σ x): on the 2-core Intel Xeon without AMX a layer's matrices and the head took 0.63 ms for one row
+against torch's 1.00, and 4.00 ms for 16 rows against 6.83 (`benchmarks/bench_level_rows.py --storages "int4
+kernel,int4 torch"`, benchmarks/results/xeon-noamx-2c-2026-12-06-level-rows-int4.md). The draft's q changes only by float rounding (fp32 activations where torch rounds them to
 bf16): a proposal, so the output law is untouched.
 
 Used by the lean draft step's int4 matrices for 1..`MAX_ROWS` rows in eager calls (one-token steps of an
@@ -21,18 +21,15 @@ says why.
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 
 import torch
 
-from hfspec.errors import bad_value
 from hfspec.kernels import verify_linear
-from hfspec.quant import packing
+from hfspec.quant import groupwise, packing
 
 MODE_ENV = "HFSPEC_INT4_KERNEL"
 FUNCTION = "hfspec_int4_rows"  # its name in the library
-MODES = ("auto", "on", "off")
 # Rows a call may have to take this kernel: past them torch's kernel (and, from `DEQUANTISED_FROM`, a bf16 GEMM of
 # dequantised blocks) was as fast (benchmarks/bench_level_rows.py on the no-AMX Xeon, 6 December 2026)
 MAX_ROWS = 64
@@ -43,10 +40,8 @@ _built: tuple[object | None, str] | None = None
 
 
 def mode() -> str:
-    value = os.environ.get(MODE_ENV, "") or "auto"
-    if value not in MODES:
-        raise bad_value(MODE_ENV, value, "auto, on or off")
-    return value
+    """`$HFSPEC_INT4_KERNEL` ("auto" when unset; the verify kernel's modes, another value refused by name)."""
+    return verify_linear.mode(MODE_ENV)
 
 
 def function():
@@ -91,17 +86,13 @@ def matmul(fn, x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Te
 def reference(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, n: int, group: int,
               bias: torch.Tensor | None) -> torch.Tensor:
     """The same product through a dequantised fp32 weight (what the check compares with)."""
-    k = x.shape[1]
-    codes = packing.unpack_int4_cpu(packed, k).float()  # [Np, K]
-    scale = scales_and_zeros[..., 0].float().t().repeat_interleave(group, 1)
-    offset = scales_and_zeros[..., 1].float().t().repeat_interleave(group, 1)
-    w = ((codes - 8) * scale + offset)[:n]
+    codes = packing.unpack_int4_cpu(packed, x.shape[1])[:n]
+    scale, offset = scales_and_zeros[:, :n, 0].float().t(), scales_and_zeros[:, :n, 1].float().t()  # [n, G]
+    w = groupwise.group_dequantize(codes, scale, offset - 8 * scale, group)  # (code − 8) · s + o
     return torch.nn.functional.linear(x.float(), w, None if bias is None else bias.float())
 
 
 def _build() -> tuple[object | None, str]:
-
-
     if packing.int4_block() != 64:
         return None, "torch's int4 layout here is not the AVX-512 one (blocks of 64 rows)"
     loaded, where = verify_linear.load_library()
@@ -122,8 +113,6 @@ def _build() -> tuple[object | None, str]:
 def _check(fn) -> str:
     """'' when the kernel matches `reference` on every chunking of rows, ragged N, groups of 32 and 64, with and
     without a bias; else what differed."""
-
-
     generator = torch.Generator().manual_seed(0)
     for n, k, group, bias in ((70, 64, 32, True), (128, 192, 64, False), (200, 96, 32, False)):
         padded = -(-n // 64) * 64

@@ -198,8 +198,8 @@ ENTRY(hfspec_rows_bf16, uint16_t, BF16, BF16_CHUNK)
 /* hfspec_int4_rows: y [M, N] = x [M, K] W^T (+ b) for a 4-bit weight in torch's CPU int4 layout (what
  * aten._weight_int4pack_mm_for_cpu reads; hfspec/quant/packing.py): packed [Np/64, K, 32] bytes, byte j of a
  * column k of block t holding row 64t + j in its low nibble and row 64t + 32 + j in its high one, and
- * scales_and_zeros [K/group, Np, 2] bf16 (s, o): w = (code − 8) · s + o (hfspec/kernels/verify_linear.py says why
- * the draft's tree levels and steps take this instead of torch's kernel).
+ * scales_and_zeros [K/group, Np, 2] bf16 (s, o): w = (code − 8) · s + o (hfspec/kernels/int4_rows.py says why the
+ * draft's tree levels and steps take this instead of torch's kernel).
  *
  * Per block of 64 rows and per group, each column's 32 bytes become four vectors of 16 codes as fp32 (the low
  * nibbles by a table permute, the high ones shifted and converted), multiplied into one accumulator per row of x

@@ -86,11 +86,12 @@ def kernel_dir() -> Path:
     return Path(os.environ.get(KERNEL_DIR_ENV) or Path.home() / ".cache" / "hfspec" / "kernels")
 
 
-def mode() -> str:
-    """`$HFSPEC_ROWS_KERNEL` ("auto" when unset); another value is refused by name."""
-    value = os.environ.get(MODE_ENV, "") or "auto"
+def mode(env: str = MODE_ENV) -> str:
+    """`$HFSPEC_ROWS_KERNEL` (or another kernel's variable, `env`): "auto" when unset; another value is refused by
+    name."""
+    value = os.environ.get(env, "") or "auto"
     if value not in MODES:
-        raise bad_value(MODE_ENV, value, "auto, on or off")
+        raise bad_value(env, value, "auto, on or off")
     return value
 
 
@@ -216,9 +217,6 @@ def _warn_once(message: str) -> None:
 def _build() -> tuple[dict | None, str]:
     """Compile (or find compiled) and load the kernel, then check it against F.linear: (function, description) or
     (None, why not)."""
-    why_not = applies()
-    if why_not:
-        return None, why_not
     loaded, library = load_library()
     if loaded is None:
         return None, library
