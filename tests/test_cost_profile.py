@@ -107,7 +107,9 @@ def test_measure_profile_saves_what_a_seeded_run_then_uses(profiles, pair):
     loaded, found_at = cost_profile.find(hfspec.api.profile_key(target, draft, True))
     assert loaded is not None and str(found_at) == path and loaded.record == profile.record
     model = loaded.model()
-    assert model.verify(1) == model.step > 0 and model.draft_b > 0
+    # the draft's line is a fit of timed rounds: its slope may be 0 on a noisy micro run (the fit clamps a negative
+    # one), but a round that drafts costs time and a longer one never less
+    assert model.verify(1) == model.step > 0 and model.draft_b >= 0 and model.draft(3) >= model.draft(2) > 0
     assert run(target, draft, ids).stats.cost_profile == os.path.basename(path)
     assert not [p for p in os.listdir(profiles) if p.endswith(".tmp")]
 
