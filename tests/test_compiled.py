@@ -20,7 +20,7 @@ from tiny_models import build, build_family, sharpen
 import hfspec
 from hfspec.drafts import describe, make_draft, registry
 from hfspec.errors import HfspecError
-from hfspec.kernels import compiled
+from hfspec.kernels import compiled, int4_rows
 from hfspec.kernels.lean import LeanDecoder
 from hfspec.kernels.lean_cache import CACHE_CHUNK
 
@@ -242,6 +242,14 @@ def test_the_artefact_is_shared_across_thread_counts_and_the_build_warms_every_p
 
     target = build("llama", seed=3)
     threads = torch.get_num_threads()
+    checked_with_torchs_kernel = []
+    as_compiled = int4_rows.as_compiled
+
+    def spy():  # the compile check's eager step must run the compiled step's int4 kernel (torch's), not hfspec's
+        checked_with_torchs_kernel.append(True)
+        return as_compiled()
+
+    monkeypatch.setattr(int4_rows, "as_compiled", spy)
     try:
         torch.set_num_threads(1)
         make_draft(target, "rtn4-compiled")
@@ -251,7 +259,7 @@ def test_the_artefact_is_shared_across_thread_counts_and_the_build_warms_every_p
         draft = make_draft(target, "rtn4-compiled")
     finally:
         torch.set_num_threads(threads)
-    assert draft.compiled_step is not None
+    assert draft.compiled_step is not None and len(checked_with_torchs_kernel) == 2
     assert counters["inductor"]["fxgraph_cache_hit"] >= 1 and counters["inductor"]["fxgraph_cache_miss"] == 0
     compiles = dict(counters["stats"])
     ids = torch.tensor([[0, 5, 9, 40]])

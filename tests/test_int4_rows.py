@@ -66,6 +66,23 @@ def test_off_keeps_torchs_kernel(monkeypatch):
     assert (ours - theirs).abs().max() <= 2e-2 * theirs.abs().max()
 
 
+@needs_kernel
+def test_as_compiled_gives_eager_calls_torchs_kernel():
+    """A compiled step runs torch's kernel; the eager step it is checked against must too (`as_compiled`): over a
+    30-layer model the two kernels' logits differ by more than a miscompile check allows."""
+    lin = _linear(bias=False)
+    x = torch.randn(5, 192, generator=torch.Generator().manual_seed(3))
+    aten = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), lin.packed, 32,
+                                                      lin.scales_and_zeros)[:, :200].float()
+    ours = lin(x)
+    with int4_rows.as_compiled():
+        assert int4_rows.held()
+        inside = lin(x)
+    assert not int4_rows.held()
+    assert torch.equal(inside, aten) and not torch.equal(ours, aten)
+    assert torch.equal(lin(x), ours)
+
+
 def test_a_bad_mode_is_refused_by_name(monkeypatch):
     monkeypatch.setenv(int4_rows.MODE_ENV, "fast")
     with pytest.raises(HfspecError, match=int4_rows.MODE_ENV):

@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from hfspec.errors import first_line
+from hfspec.kernels import int4_rows
 from hfspec.kernels.lean_cache import CACHE_CHUNK
 
 COMPILED_FEED_MAX = 4  # a compiled draft runs feeds of up to this many tokens as one-token steps (a round's catch-up)
@@ -171,7 +172,8 @@ class CompiledStep:
         patch = {"force_disable_caches": no_cache, "cpp.dynamic_threads": True, "cpp_wrapper": wrapper}
         with torch.no_grad(), config.patch(patch), _quiet_inductor():
             got = fn(ids, slot, self.tables, cache.keys, cache.values)
-            want = decoder.one_token(ids, slot, self.tables, cache.keys, cache.values)
+            with int4_rows.as_compiled():  # the eager step with the compiled step's kernels
+                want = decoder.one_token(ids, slot, self.tables, cache.keys, cache.values)
         differs = step_difference(got, want)
         if differs:
             raise RuntimeError(differs)

@@ -12,14 +12,19 @@ bf16): a proposal, so the output law is untouched.
 
 Used by the lean draft step's int4 matrices for 1..`MAX_ROWS` rows in eager calls (one-token steps of an
 uncompiled draft, catch-up feeds, tree levels, short prompts); a compiled step keeps torch's kernel, which inductor
-knows. `$HFSPEC_INT4_KERNEL`: "auto" (the default) and "on" use it wherever it builds and checks (x86-64 Linux
-with AVX-512, as the verify kernel; built into the same library), "off" keeps torch's kernel. Checked against a
+knows, and is checked against an eager step that runs torch's kernel too (`as_compiled`): torch's kernel rounds
+the activations to bf16, so over SmolLM2's 30 layers the two kernels' logits differ by more than the check allows
+a miscompile (0.27 at a logit of 1.37), and a compiled step checked against this kernel's eager step was refused:
+every `-compiled` 4-bit draft of a real-sized model decoded eagerly until the check took `as_compiled`.
+`$HFSPEC_INT4_KERNEL`: "auto" (the default) and "on" use it wherever it builds and checks (x86-64 Linux with
+AVX-512, as the verify kernel; built into the same library), "off" keeps torch's kernel. Checked against a
 dequantised product before first use; where it cannot be built or disagrees, torch's kernel runs and `status()`
 says why.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 
@@ -37,6 +42,7 @@ PATH = f"int4 CPU kernel (hfspec's for 1-{MAX_ROWS} rows, aten._weight_int4pack_
 
 _lock = threading.Lock()
 _built: tuple[object | None, str] | None = None
+_as_compiled = threading.local()  # .on: this thread's eager calls take torch's kernel (`as_compiled`)
 
 
 def mode() -> str:
@@ -61,6 +67,23 @@ def status() -> str:
         return f"torch's int4 kernel ({MODE_ENV}=off)"
     fn = function()
     return _built[1] if fn is not None else f"torch's int4 kernel ({_built[1]})"
+
+
+@contextlib.contextmanager
+def as_compiled():
+    """Within it, this thread's eager int4 products take torch's kernel, as a compiled step's do: what a compiled
+    step is checked against."""
+    before = getattr(_as_compiled, "on", False)
+    _as_compiled.on = True
+    try:
+        yield
+    finally:
+        _as_compiled.on = before
+
+
+def held() -> bool:
+    """Whether this thread is inside `as_compiled`."""
+    return getattr(_as_compiled, "on", False)
 
 
 def reset() -> None:

@@ -120,13 +120,13 @@ class LeanLinear(nn.Module):
         bias, n = self.bias, self.out_features
         if self.int4:
             packed, group, sz, padded = self.packed, self.group_size, self.scales_and_zeros, self.packed.shape[0]
-            kernel, ours, compiling = (torch.ops.aten._weight_int4pack_mm_for_cpu, int4_rows.function(),
-                                       torch.compiler.is_compiling)
+            kernel, ours, compiling, held = (torch.ops.aten._weight_int4pack_mm_for_cpu, int4_rows.function(),
+                                             torch.compiler.is_compiling, int4_rows.held)
 
             def int4(x):
                 if x.shape[0] >= DEQUANTISED_FROM["int4"]:
                     return _dequantised(x, n, 64, functools.partial(_int4_rows, packed, sz, group), bias)
-                if ours is not None and x.shape[0] <= int4_rows.MAX_ROWS and not compiling():
+                if ours is not None and x.shape[0] <= int4_rows.MAX_ROWS and not compiling() and not held():
                     return int4_rows.matmul(ours, x, packed, sz, n, group, bias)
                 y = kernel(x.to(torch.bfloat16), packed, group, sz)
                 y = (y[:, :n] if padded != n else y).float()
