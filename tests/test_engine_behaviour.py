@@ -203,7 +203,9 @@ def test_auto_gamma_keeps_proposing_when_lookup_finds_no_match_for_a_round(monke
     assert [pair for pair in spies[0].told if pair[0] > 0 and pair[1] == 0] == []
     rounds = out.stats.gamma_per_round
     assert rounds[0] == 0 and out.stats.accepted > 20, "the first round has no match; later rounds copy"
-    assert rounds.count(0) <= 2, f"it must keep proposing once matches exist: {rounds}"
+    # γ is timed, so where the rounds end varies: a last round with room for one token proposes nothing
+    start = next(i for i, g in enumerate(rounds) if g)
+    assert 0 not in rounds[start:-1], f"it must keep proposing once matches exist: {rounds}"
 
 
 def test_one_constant_bounds_auto_gamma():
