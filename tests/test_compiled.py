@@ -267,3 +267,23 @@ def test_the_artefact_is_shared_across_thread_counts_and_the_build_warms_every_p
     assert torch.equal(hfspec.generate(target, ids, draft, **kw).sequences,
                        hfspec.plain_generate(target, ids, **kw).sequences)
     assert dict(counters["stats"]) == compiles, "decoding compiled something the build had not"
+
+
+def test_a_compiled_4bit_step_is_checked_against_the_kernel_it_runs(own_cache):
+    """hfspec's int4 kernel (fp32 activations) runs the eager step and torch's (bf16 activations) the compiled one.
+    Over a few sharpened layers the two differ by more than the miscompile check allows (the control below), so the
+    check must compare the compiled step with an eager step on torch's kernel, or every compiled 4-bit draft of a
+    real-sized model decodes eagerly (as it did for a stop, unnoticed)."""
+    target = sharpen(build("llama", vocab=512, layers=4, hidden=128, init=0.1), 6.0)
+    draft = make_draft(target, "rtn4-compiled")
+    assert draft.compiled_step is not None, describe(draft)["step"]
+    assert describe(draft)["step"].endswith("one-token step compiled (C++ wrapper)")
+    if int4_rows.function() is not None:  # the control: the two kernels' eager steps differ beyond the check
+        ids, slot = torch.full((1, 1), 5, dtype=torch.long), torch.zeros(1, dtype=torch.long)
+        cache = draft.hfspec_new_cache()
+        cache.reserve(1, 2)
+        tables = draft.rotary_tables(1)
+        ours = draft.one_token(ids, slot, tables, cache.keys, cache.values)
+        with int4_rows.as_compiled():
+            torchs = draft.one_token(ids, slot, tables, cache.keys, cache.values)
+        assert compiled.step_difference(ours, torchs)
