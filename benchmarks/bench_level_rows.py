@@ -9,6 +9,10 @@ one-node level, (ratio − 1) / (w − 1), that seeded `tree="auto"` prices leve
 width: the summed milliseconds of one call of each of a layer's matrices (q, k, v, o, gate, up, down) and of the
 LM head, and the ratio to one row with its interval (interleaved rounds, warm-up not counted, outliers
 re-measured: `common.time_operators`).
+
+`--layers N` calls the matrices of N distinct layers (each its own random weights) and the head: with a model's
+own layer count a call reads the whole draft's bytes from memory, as a draft level in decoding does, where one
+layer's matrices stay in the caches between calls (hot).
 """
 
 from __future__ import annotations
@@ -93,37 +97,42 @@ def main() -> None:
     p.add_argument("--rows", default="1,2,4,8,16")
     p.add_argument("--storages", default=",".join(s for s in STORAGES if s not in ("int8 dynamic", "int4 torch")),
                    help=f"comma-separated, from: {', '.join(STORAGES)}")
+    p.add_argument("--layers", type=int, default=1, help="distinct layers' matrices per call (the model's layer "
+                   "count: the whole draft's bytes, out of cache)")
     p.add_argument("--out", help="write OUT.md and OUT.json")
     args = p.parse_args()
+    if args.layers < 1:
+        raise SystemExit(f"--layers: {args.layers}; allowed: 1 or more")
     storages = args.storages.split(",")
     for storage in storages:
         if storage not in STORAGES:
             raise SystemExit(f"--storages: unknown {storage!r}; allowed: {', '.join(STORAGES)}")
     torch.set_num_threads(args.threads)
     widths = sorted({1, *(int(w) for w in args.rows.split(","))})
-    lines = [f"{args.threads} threads, {args.repeats} interleaved rounds; a layer's matrices and the LM head, one call "
-             "each", "", "| model | storage | rows | ms | × one row | interval | per extra node | verdict |",
+    calls_per_op = max(1, 20 // args.layers)
+    what = "a layer's matrices" if args.layers == 1 else f"the matrices of {args.layers} distinct layers"
+    lines = [f"{args.threads} threads, {args.repeats} interleaved rounds; {what} and the LM head, one call each", "", "| model | storage | rows | ms | × one row | interval | per extra node | verdict |",
              "|---|---|---|---|---|---|---|---|"]
     rows = []
     for name, folder in model_folders(args).items():
-        dims = shapes(folder)
+        layer = shapes(folder)
+        dims = layer[:-1] * args.layers + layer[-1:]
         for storage in storages:
             fns = calls(storage, dims)
             ops = {}
             for w in widths:
-                x = torch.randn(w, dims[0][1])
-                xi = torch.randn(w, dims[-2][1])  # the down projection's input is intermediate-wide
+                inputs = {k: torch.randn(w, k) for _, k in dims}  # the down projection's input is intermediate-wide
 
-                def op(x=x, xi=xi, fns=fns):
-                    for i, fn in enumerate(fns):
-                        fn(xi if i == len(fns) - 2 else x)
-                ops[f"w{w}"] = lambda op=op: [op() for _ in range(20)]
+                def op(inputs=inputs, fns=fns, dims=dims):
+                    for (_, k), fn in zip(dims, fns, strict=True):
+                        fn(inputs[k])
+                ops[f"w{w}"] = lambda op=op: [op() for _ in range(calls_per_op)]
             timings = time_operators(ops, args.repeats)
             verdict = verdict_columns(timings)
             for w in widths:
                 ratio = time_ratio(timings, f"w{w}", "w1")
                 slope = (ratio.median - 1) / (w - 1) if w > 1 else float("nan")
-                row = {"model": name, "storage": storage, "rows": w, "ms": op_ms(timings, f"w{w}").median / 20,
+                row = {"model": name, "storage": storage, "rows": w, "ms": op_ms(timings, f"w{w}").median / calls_per_op,
                        "ratio": ratio.median, "ratio_low": ratio.low, "ratio_high": ratio.high, "per_node": slope,
                        **verdict}
                 rows.append(row)

@@ -43,6 +43,8 @@ run "verify width" python bench_verify_width.py --models smollm2-offgrid --smoll
     --dtypes float32,bfloat16 --widths 1,2,5,8,16,24,32
 run "round costs by γ" python bench_round_costs.py --models smollm2-offgrid --smollm2-offgrid "$OFFGRID" --dtypes float32,bfloat16 --temperatures 0,1
 run "tree level rows" python bench_level_rows.py --models smollm2-offgrid --smollm2-offgrid "$OFFGRID" --rows 1,2,4,8,16
+run "compiled pair catch-up" python bench_pair.py --models smollm2-offgrid --smollm2-offgrid "$OFFGRID" --dtypes bfloat16,float32 \
+    --temperatures 0,1 --draft gptq4-compiled --gamma 4 --repeats 6
 run "draft step memory" python bench_draft_memory.py --models smollm2-offgrid --smollm2-offgrid "$OFFGRID" \
     --dtypes bfloat16,float32 --drafts gptq4-compiled,gptq4,int8-compiled --steps 15
 run engine python bench_engine.py --models micro,stories260K,smollm2 --smollm2 "$SMOLLM2" \

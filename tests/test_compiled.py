@@ -47,6 +47,20 @@ def _steps(draft: LeanDecoder, ids: torch.Tensor, prompt: int) -> torch.Tensor:
     return torch.cat([draft.logits(ids[:, i:i + 1], None, None, cache, 1) for i in range(prompt, ids.shape[1])], 1)
 
 
+def _pairs(draft: LeanDecoder, ids: torch.Tensor, prompt: int) -> torch.Tensor:
+    """Logits of every second token after `prompt`, fed two at a time (a compiled draft's pair step)."""
+    cache = draft.hfspec_new_cache()
+    draft.logits(ids[:, :prompt], None, None, cache, 1)
+    return torch.cat([draft.logits(ids[:, i:i + 2], None, None, cache, 1)
+                      for i in range(prompt, ids.shape[1] - 1, 2)], 1)
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> None:
+    # the int4 kernel returns bf16 (8 significant bits): a different summation order may flip its last bit
+    assert (got - want).abs().max() <= 2 ** -6 * max(1.0, float(want.abs().max()))
+    assert float(torch.minimum(got.softmax(-1), want.softmax(-1)).sum(-1).min()) >= 0.99
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_compiled_step_computes_the_eager_lean_step(family, own_cache):
@@ -59,9 +73,10 @@ def test_compiled_step_computes_the_eager_lean_step(family, own_cache):
     # past the sliding window of 8
     ids = torch.randint(3, 96, (1, CACHE_CHUNK + 12), generator=torch.Generator().manual_seed(0))
     got, want = _steps(fast, ids, CACHE_CHUNK - 4), _steps(eager, ids, CACHE_CHUNK - 4)
-    # the int4 kernel returns bf16 (8 significant bits): a different summation order may flip its last bit
-    assert (got - want).abs().max() <= 2 ** -6 * max(1.0, float(want.abs().max()))
-    assert float(torch.minimum(got.softmax(-1), want.softmax(-1)).sum(-1).min()) >= 0.99
+    _close(got, want)
+    # two tokens a call (a round's catch-up), across the same cache growth and window
+    assert fast.compiled_step.fn_pair is not None
+    _close(_pairs(fast, ids, CACHE_CHUNK - 5), _pairs(eager, ids, CACHE_CHUNK - 5))
     # negative control: a different model's compiled step is far from this one
     other = make_draft(sharpen(build_family(family, init=0.1, seed=5), 6.0), "rtn4-compiled")
     assert (_steps(other, ids, CACHE_CHUNK - 4) - want).abs().max() > 0.1
@@ -259,7 +274,7 @@ def test_the_artefact_is_shared_across_thread_counts_and_the_build_warms_every_p
         draft = make_draft(target, "rtn4-compiled")
     finally:
         torch.set_num_threads(threads)
-    assert draft.compiled_step is not None and len(checked_with_torchs_kernel) == 2
+    assert draft.compiled_step is not None and len(checked_with_torchs_kernel) == 4  # one-token and pair, twice
     assert counters["inductor"]["fxgraph_cache_hit"] >= 1 and counters["inductor"]["fxgraph_cache_miss"] == 0
     compiles = dict(counters["stats"])
     ids = torch.tensor([[0, 5, 9, 40]])
@@ -287,3 +302,45 @@ def test_a_compiled_4bit_step_is_checked_against_the_kernel_it_runs(own_cache):
         with int4_rows.as_compiled():
             torchs = draft.one_token(ids, slot, tables, cache.keys, cache.values)
         assert compiled.step_difference(ours, torchs)
+
+
+def test_a_two_token_catch_up_is_one_compiled_call_with_the_eager_steps_logits(own_cache):
+    """After a round that kept every proposal the draft feeds its last token and the target's bonus token: one
+    compiled call (`CompiledStep.pair`), giving what the eager lean step gives for the second of them. Feeds of
+    one, three or four tokens stay one-token steps."""
+    target = sharpen(build("llama", seed=4, init=0.1), 6.0)
+    fast, eager = make_draft(target, "rtn4-compiled"), make_draft(target, "rtn4")
+    step = fast.compiled_step
+    assert step is not None and step.pair_path == "compiled"
+    pairs, steps = [], []
+    pair_fn, one_fn = step.fn_pair, step.fn
+    step.fn_pair = lambda *args: pairs.append(1) or pair_fn(*args)
+    step.fn = lambda *args: steps.append(1) or one_fn(*args)
+    ids = torch.randint(3, 96, (1, 41), generator=torch.Generator().manual_seed(1))
+    got = _pairs(fast, ids, 9)
+    assert len(pairs) == 16 and not steps and got.shape[:2] == (1, 16)
+    _close(got, _pairs(eager, ids, 9))
+    cache = fast.hfspec_new_cache()
+    fast.logits(ids[:, :9], None, None, cache, 1)
+    for width in (1, 3, 4):
+        fast.logits(ids[:, cache.length:cache.length + width], None, None, cache, 1)
+    assert len(pairs) == 16 and len(steps) == 8
+    # negative control: a pair's logits are its second token's, not its first's
+    cache = eager.hfspec_new_cache()
+    eager.logits(ids[:, :9], None, None, cache, 1)
+    assert (eager.logits(ids[:, 9:10], None, None, cache, 1) - got[:, :1]).abs().max() > 0.1
+
+
+def test_a_pair_step_that_cannot_compile_leaves_the_one_token_step(own_cache, monkeypatch):
+    def broken(self, *args):
+        raise RuntimeError("no pairs today")
+
+    monkeypatch.setattr(LeanDecoder, "tokens", broken)
+    target = build("llama", seed=6)
+    draft = make_draft(target, "rtn4-compiled")
+    assert draft.compiled_step is not None and draft.compiled_step.fn_pair is None
+    assert draft.compiled_step.pair_path.startswith("one-token steps (")  # dynamo reports the error its own way
+    ids = torch.tensor([[0, 5, 9]])
+    kw = dict(temperature=0.0, max_new_tokens=16, min_new_tokens=16)
+    assert torch.equal(hfspec.generate(target, ids, draft, **kw).sequences,
+                       hfspec.plain_generate(target, ids, **kw).sequences)

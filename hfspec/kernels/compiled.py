@@ -1,6 +1,9 @@
 """An optional compiled one-token step for lean drafts (`rtn4-compiled`): `torch.compile` (inductor) of
 `LeanDecoder.one_token`, the lean step written with the same shapes at every step (the whole preallocated
-cache, masked), for batch 1 without holes. Prompts, catch-up feeds and batches keep the eager lean step; both
+cache, masked), for batch 1 without holes, and `LeanDecoder.tokens` over two tokens (`pair`): the catch-up feed after
+a round that kept every proposal, in one call instead of two steps (a draft step is bound by the bytes of its
+weights on the 2-core VMs, so a second row costs little; benchmarks/bench_pair.py). Other catch-up feeds of up to
+`COMPILED_FEED_MAX` tokens run as one-token steps; prompts, longer feeds and batches keep the eager lean step; all
 write the same cache.
 
 Compiling takes seconds to minutes on a CPU, so it happens once when the draft is built, reported through
@@ -41,6 +44,7 @@ from hfspec.kernels import int4_rows
 from hfspec.kernels.lean_cache import CACHE_CHUNK
 
 COMPILED_FEED_MAX = 4  # a compiled draft runs feeds of up to this many tokens as one-token steps (a round's catch-up)
+PAIR = 2  # ... except a feed of this many, which runs as one compiled call (`CompiledStep.pair`)
 COMPILE_DIR = Path(os.environ.get("HFSPEC_COMPILE_DIR", Path.home() / ".cache" / "hfspec" / "inductor"))
 PROGRESS_EVERY = 5.0  # seconds between "still compiling" messages
 CPP_WRAPPER = True  # compile with inductor's C++ wrapper first (module docstring)
@@ -55,6 +59,8 @@ class CompiledStep:
     def __init__(self, decoder, progress: Callable[[str], None] | None = None):
         self.decoder = decoder
         self.fn = None
+        self.fn_pair = None  # `decoder.tokens` over PAIR tokens compiled, or None (`pair_path` says why)
+        self.pair_path = "not compiled yet"
         self.wrapper = False  # whether the step runs through inductor's C++ wrapper
         self.seconds = 0.0
         self.path = "eager (not compiled yet)"
@@ -68,6 +74,18 @@ class CompiledStep:
         ids = torch.empty(1, 1, dtype=torch.long).copy_(input_ids)  # fixed strides: a slice of the slots would recompile
         logits = self.fn(ids, torch.tensor([slot]), self.tables, cache.keys, cache.values)
         cache.length = slot + 1
+        return logits
+
+    def pair(self, input_ids: torch.Tensor, slot: int, cache) -> torch.Tensor:
+        """Logits [1, 1, V] of the last of input_ids [1, PAIR] written at cache slots `slot`, `slot + 1`, ... (their
+        positions too) in one compiled call."""
+        end = slot + PAIR
+        cache.reserve(1, end)
+        if end > self.tables[0].shape[0]:
+            self.tables = self.decoder.rotary_tables(2 * end)
+        ids = torch.empty(1, PAIR, dtype=torch.long).copy_(input_ids)
+        logits = self.fn_pair(ids, torch.arange(slot, end), self.tables, cache.keys, cache.values)
+        cache.length = end
         return logits
 
     def _compile(self, say: Callable[[str], None]) -> None:
@@ -142,6 +160,10 @@ class CompiledStep:
         cache = decoder.hfspec_new_cache()
         for slot in (0, 1, 2, CACHE_CHUNK - 1, CACHE_CHUNK, CACHE_CHUNK + 1):
             self(ids, slot, cache)
+        if self.fn_pair is not None:  # across a growth of the cache
+            cache = decoder.hfspec_new_cache()
+            for slot in (0, 2, CACHE_CHUNK - 1, CACHE_CHUNK + 1):
+                self.pair(ids.expand(1, PAIR), slot, cache)
         for steps in (COMPILED_FEED_MAX + 9, COMPILED_FEED_MAX + 1, *range(COMPILED_FEED_MAX, 0, -1)):
             cache = decoder.hfspec_new_cache() if steps > COMPILED_FEED_MAX else cache
             decoder.logits(ids.expand(1, steps), None, None, cache, 1)
@@ -179,6 +201,33 @@ class CompiledStep:
             raise RuntimeError(differs)
         self.fn = fn
         self.wrapper = wrapper
+        self._compile_pair(cache, patch)
+
+    def _compile_pair(self, cache, patch: dict) -> None:
+        """`decoder.tokens` over PAIR tokens, compiled and checked as the one-token step is; where that fails, a
+        pair feed runs as one-token steps (`pair_path` says why): the one-token step stands on its own."""
+        from torch._inductor import config
+
+        decoder = self.decoder
+        method = type(decoder).tokens
+        own = types.FunctionType(method.__code__.replace(), method.__globals__, method.__name__,
+                                 method.__defaults__, method.__closure__)
+        ids = torch.zeros(1, PAIR, dtype=torch.long)
+        slots = torch.arange(1, 1 + PAIR)
+        try:
+            fn = torch.compile(types.MethodType(own, decoder), fullgraph=True, dynamic=False,
+                               options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe})
+            with torch.no_grad(), config.patch(patch), _quiet_inductor():
+                got = fn(ids, slots, self.tables, cache.keys, cache.values)
+                with int4_rows.as_compiled():
+                    want = decoder.tokens(ids, slots, self.tables, cache.keys, cache.values)
+            differs = step_difference(got, want)
+            if differs:
+                raise RuntimeError(differs.replace("compiled step", "compiled pair step"))
+        except Exception as error:  # noqa: BLE001 - the one-token step stands; pairs run as two of its steps
+            self.fn_pair, self.pair_path = None, f"one-token steps ({first_line(error)})"
+            return
+        self.fn_pair, self.pair_path = fn, "compiled"
 
 
 # The int4 and int8 CPU kernels return bf16 products, whose last bit depends on the order of the sums: on an AVX2

@@ -30,7 +30,7 @@ from torch import nn
 from hfspec.attrs import LEAN_STEP, STEP_PATH, get_attr, set_attr
 from hfspec.dtypes import dtype_str
 from hfspec.errors import HfspecError
-from hfspec.kernels.compiled import COMPILED_FEED_MAX, CompiledStep
+from hfspec.kernels.compiled import COMPILED_FEED_MAX, PAIR, CompiledStep
 from hfspec.kernels.kv_model import CachedModel
 from hfspec.kernels.lean_cache import LeanCache
 from hfspec.kernels.lean_layers import (
@@ -231,6 +231,8 @@ class LeanDecoder(nn.Module):
         if (self.compiled_step is not None and steps <= COMPILED_FEED_MAX and batch == 1 and attention_mask is None
                 and (position_ids is None or position_ids.view(-1).tolist() == list(range(start, end)))):
             keep = steps if logits_to_keep == 0 else min(logits_to_keep, steps)
+            if steps == PAIR and keep == 1 and self.compiled_step.fn_pair is not None:
+                return self.compiled_step.pair(input_ids, start, cache)
             kept = [self.compiled_step(input_ids[:, i:i + 1], start + i, cache) for i in range(steps)][steps - keep:]
             return kept[0] if keep == 1 else torch.cat(kept, dim=1)
         cache.reserve(batch, end)
@@ -274,6 +276,28 @@ class LeanDecoder(nn.Module):
                                                   strict=True):
             h = step(h, factors[layer_type], k, v, slot, None, masks[window])
         return self._logits_of(h)
+
+    def tokens(self, input_ids: torch.Tensor, slots: torch.Tensor, tables: list[torch.Tensor],
+               keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
+        """`one_token` for T tokens at once (input_ids [1, T] at consecutive cache slots `slots` [T] long, their
+        positions too): logits [1, 1, V] of the last. A compiled draft's two-token catch-up feed (the last draft
+        token and the target's bonus token after a round that kept every proposal) in one call: a draft step reads
+        all of the draft's weights whatever its rows, so two rows cost about what one does (`hfspec.kernels.compiled`)."""
+        h = F.embedding(input_ids, self.embed_table).float()
+        if self.embed_scale is not None:
+            h = h * self.embed_scale
+        index = torch.arange(keys[0].shape[2], device=slots.device)[None, :]
+        masks = {}
+        for window in self._windows:
+            seen = index <= slots[:, None]
+            if window is not None:
+                seen = seen & (index > slots[:, None] - window)
+            masks[window] = seen[None, None]
+        factors = {kind: table[slots][None, :, None] for kind, table in zip(self.rope_types, tables, strict=True)}
+        for step, layer_type, window, k, v in zip(self._steps, self._layer_types, self._block_windows, keys, values,
+                                                  strict=True):
+            h = step(h, factors[layer_type], k, v, slots, None, masks[window])
+        return self._logits_of(h[:, -1:])
 
     def rotary_tables(self, positions: int) -> list[torch.Tensor]:
         """Rotary factors [≥ positions, R/2, 2] (cos, sin) per entry of `rope_types`."""

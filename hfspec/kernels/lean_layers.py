@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hfspec.kernels import int4_rows
+from hfspec.kernels.lean_attention import attend_many, attend_one, rotate
 from hfspec.quant import groupwise, int8, packing
 from hfspec.quant.calibrate import Coded
 from hfspec.quant.modules import FUSED_GROUP_SIZES
@@ -351,15 +352,16 @@ class _Block(nn.Module):
             if qk_norm is not None:
                 qk = rms(qk, (d,), None, eps) * qk_norm
             if rot == d:
-                qk = _rotate(qk.reshape(batch, steps, nqk, d // 2, 2), freqs).view(batch, steps, nqk, d)
+                qk = rotate(qk.reshape(batch, steps, nqk, d // 2, 2), freqs).view(batch, steps, nqk, d)
             else:
-                part = _rotate(qk[..., :rot].reshape(batch, steps, nqk, rot // 2, 2), freqs)
+                part = rotate(qk[..., :rot].reshape(batch, steps, nqk, rot // 2, 2), freqs)
                 qk = torch.cat([part.view(batch, steps, nqk, rot), qk[..., rot:]], dim=-1)
             qk = qk.transpose(1, 2)
             if end is None:  # static shapes (the compiled one-token step): slot `start` is a tensor, attend masked
                 keys.index_copy_(2, start, qk[:, nq:])
                 values.index_copy_(2, start, v.transpose(1, 2))
-                o = _attend_one(qk[:, :nq], keys, values, mask, scaling)
+                attend = attend_one if steps == 1 else attend_many
+                o = attend(qk[:, :nq], keys, values, mask, scaling)
             else:
                 keys[:, :, start:end] = qk[:, nq:]
                 values[:, :, start:end] = v.transpose(1, 2)
@@ -377,24 +379,3 @@ class _Block(nn.Module):
             return h + m
 
         return forward
-
-
-def _rotate(pairs: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
-    """Pairs [..., P, 2] (x, y) rotated by [..., P, 2] (cos, sin): (x + iy)(cos + i sin) in real arithmetic."""
-    x, y = pairs[..., 0], pairs[..., 1]
-    cos, sin = factors[..., 0], factors[..., 1]
-    return torch.stack([x * cos - y * sin, x * sin + y * cos], dim=-1)
-
-
-def _attend_one(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float):
-    """Attention of one query per head q [B, H, 1, D] over cache slots [B, H_kv, S, D] where `mask` [.., S] holds,
-    as plain reductions (which a compiler fuses; SDPA is an opaque call): query heads grouped by their KV head.
-    Written as broadcast products summed, not `einsum`, which inductor turns into two batched-matmul calls a
-    layer; with the rotary in real arithmetic (`_rotate`) the compiled gptq4 step of SmolLM2-135M went from 9.05
-    to 8.97 ms (fp32) and 9.66 to 9.23 ms (bf16) on a 2-core Intel Xeon (`benchmarks/bench_int8.py`)."""
-    batch, heads, _, dim = q.shape
-    kv_heads = keys.shape[1]
-    q = q.reshape(batch, kv_heads, heads // kv_heads, dim)
-    scores = (q.unsqueeze(3) * keys.unsqueeze(2)).sum(-1) * scale
-    weights = torch.softmax(scores.masked_fill(~mask.view(1, 1, 1, -1), -float("inf")), dim=-1)
-    return (weights.unsqueeze(-1) * values.unsqueeze(2)).sum(3).reshape(batch, heads, 1, dim)
