@@ -24,7 +24,7 @@ from bench_steps import step_timer
 from common import (
     Operator,
     load,
-    model_folders,
+    model_dtypes,
     op_ms,
     parser,
     time_operators,
@@ -57,51 +57,50 @@ def main() -> None:
              "| target pass, ms |", "|" + "---|" * 10]
     print("\n".join(lines), flush=True)
     rows = []
-    for name, folder in model_folders(args).items():
-        for dtype in (["float32"] if name == "micro" else args.dtypes.split(",")):
-            target, _ = load(folder, dtype)
-            ids = torch.randint(0, target.config.vocab_size, (1, args.context + args.width),
-                                generator=torch.Generator().manual_seed(0))
-            evict = step_timer(target, ids, args.context, args.width)  # its own cache: a target pass, cropped back
-            timers = {"target": step_timer(target, ids, args.context, 1),
-                      "pass": step_timer(target, ids, args.context, args.width)}
-            drafts = {spec: hfspec.make_draft(target, spec) for spec in specs}
-            for spec, draft in drafts.items():
-                one = step_timer(draft, ids, args.context, 1)
+    for name, folder, dtype in model_dtypes(args):
+        target, _ = load(folder, dtype)
+        ids = torch.randint(0, target.config.vocab_size, (1, args.context + args.width),
+                            generator=torch.Generator().manual_seed(0))
+        evict = step_timer(target, ids, args.context, args.width)  # its own cache: a target pass, cropped back
+        timers = {"target": step_timer(target, ids, args.context, 1),
+                  "pass": step_timer(target, ids, args.context, args.width)}
+        drafts = {spec: hfspec.make_draft(target, spec) for spec in specs}
+        for spec, draft in drafts.items():
+            one = step_timer(draft, ids, args.context, 1)
 
-                def cold(one=one, evict=evict):
+            def cold(one=one, evict=evict):
+                one.reset()
+                evict()  # untimed (a target pass, its cache cropped back): the caches hold the target's weights
+
+            def burst(one=one):
+                for _ in range(args.burst):
+                    one.fn()
                     one.reset()
-                    evict()  # untimed (a target pass, its cache cropped back): the caches hold the target's weights
 
-                def burst(one=one):
-                    for _ in range(args.burst):
-                        one.fn()
-                        one.reset()
-
-                timers[f"{spec} cold"] = Operator(one.fn, cold)
-                timers[f"{spec} hot"] = Operator(burst)
-            timings = time_operators(timers, args.steps, baseline="target")
-            verdict = verdict_cell(verdict_columns(timings))
-            target_ms, pass_ms = op_ms(timings, "target"), op_ms(timings, "pass")
-            for spec, draft in drafts.items():
-                size = weight_bytes(draft)
-                cold_ms, hot = op_ms(timings, f"{spec} cold"), op_ms(timings, f"{spec} hot")
-                hot_ms = hot.median / args.burst
-                row = {"model": name, "dtype": dtype, "draft": spec, "bytes": size, "cold_ms": cold_ms.median,
-                       "cold_low": cold_ms.low, "cold_high": cold_ms.high, "hot_ms": hot_ms,
-                       "hot_low": hot.low / args.burst, "hot_high": hot.high / args.burst,
-                       "target_ms": target_ms.median, "pass_ms": pass_ms.median, **verdict_columns(timings)}
-                rows.append(row)
-                line = (f"| {name} | {dtype} | {spec} | {size / 1e6:.1f} | {cold_ms.median:.2f} [{cold_ms.low:.2f}–"
-                        f"{cold_ms.high:.2f}] | {size / cold_ms.median / 1e6:.1f} | {hot_ms:.2f} "
-                        f"[{row['hot_low']:.2f}–{row['hot_high']:.2f}] | {size / hot_ms / 1e6:.1f} "
-                        f"| {target_ms.median:.2f} | {pass_ms.median:.2f} |")
-                lines.append(line)
-                print(line, flush=True)
-            note = f"<!-- {name} {dtype}: {verdict} -->"
-            lines.append(note)
-            print(note, flush=True)
-            del target, drafts
+            timers[f"{spec} cold"] = Operator(one.fn, cold)
+            timers[f"{spec} hot"] = Operator(burst)
+        timings = time_operators(timers, args.steps, baseline="target")
+        verdict = verdict_cell(verdict_columns(timings))
+        target_ms, pass_ms = op_ms(timings, "target"), op_ms(timings, "pass")
+        for spec, draft in drafts.items():
+            size = weight_bytes(draft)
+            cold_ms, hot = op_ms(timings, f"{spec} cold"), op_ms(timings, f"{spec} hot")
+            hot_ms = hot.median / args.burst
+            row = {"model": name, "dtype": dtype, "draft": spec, "bytes": size, "cold_ms": cold_ms.median,
+                   "cold_low": cold_ms.low, "cold_high": cold_ms.high, "hot_ms": hot_ms,
+                   "hot_low": hot.low / args.burst, "hot_high": hot.high / args.burst,
+                   "target_ms": target_ms.median, "pass_ms": pass_ms.median, **verdict_columns(timings)}
+            rows.append(row)
+            line = (f"| {name} | {dtype} | {spec} | {size / 1e6:.1f} | {cold_ms.median:.2f} [{cold_ms.low:.2f}–"
+                    f"{cold_ms.high:.2f}] | {size / cold_ms.median / 1e6:.1f} | {hot_ms:.2f} "
+                    f"[{row['hot_low']:.2f}–{row['hot_high']:.2f}] | {size / hot_ms / 1e6:.1f} "
+                    f"| {target_ms.median:.2f} | {pass_ms.median:.2f} |")
+            lines.append(line)
+            print(line, flush=True)
+        note = f"<!-- {name} {dtype}: {verdict} -->"
+        lines.append(note)
+        print(note, flush=True)
+        del target, drafts
     write_results(args.out, lines, rows)
 
 

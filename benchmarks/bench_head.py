@@ -23,7 +23,7 @@ from common import (
     against_plain,
     interval_cell,
     load,
-    model_folders,
+    model_dtypes,
     parser,
     prompt_ids,
     verdict_cell,
@@ -57,26 +57,25 @@ def main() -> None:
     rows = []
     watch = Stopwatch()  # the whole script, one-shot
     n = args.max_new_tokens
-    for name, folder in model_folders(args).items():
-        for dtype in (["float32"] if name == "micro" else args.dtypes.split(",")):
-            target, tokenizer = load(folder, dtype)
-            ids = prompt_ids(tokenizer, args.prompt)
-            drafts = {h: hfspec.make_draft(target, args.draft, head_top=h) for h in heads}
-            probe = probe_ids(target, 64)
-            close = {h: fidelity(target, d, probe) for h, d in drafts.items()}
-            for t in (float(x) for x in args.temperatures.split(",")):
-                runs = {(g, h): (drafts[h], g) for g in gammas for h in heads}
-                measured = against_plain(target, ids, runs, t, n, args.repeats, args.seed)
-                for m in runs:
-                    row = {"model": name, "dtype": dtype, "temperature": t, "gamma": m[0], "head_top": m[1],
-                           "fidelity": close[m[1]], **measured[m]}
-                    rows.append(row)
-                    line = (f"| {name} | {dtype} | {t:g} | {m[0]} | {'default' if m[1] is None else m[1]} | {row['fidelity']:.3f} | {row['alpha']:.3f} "
-                            f"| {row['tokens_per_pass']:.2f} | {row['draft_ms_per_forward']:.2f} | {row['tok_s']:.1f} "
-                            f"| {row['vs_plain']:.2f}× | {interval_cell(row)} | {verdict_cell(row)} |")
-                    lines.append(line)
-                    print(line, flush=True)
-            del target, drafts
+    for name, folder, dtype in model_dtypes(args):
+        target, tokenizer = load(folder, dtype)
+        ids = prompt_ids(tokenizer, args.prompt)
+        drafts = {h: hfspec.make_draft(target, args.draft, head_top=h) for h in heads}
+        probe = probe_ids(target, 64)
+        close = {h: fidelity(target, d, probe) for h, d in drafts.items()}
+        for t in (float(x) for x in args.temperatures.split(",")):
+            runs = {(g, h): (drafts[h], g) for g in gammas for h in heads}
+            measured = against_plain(target, ids, runs, t, n, args.repeats, args.seed)
+            for m in runs:
+                row = {"model": name, "dtype": dtype, "temperature": t, "gamma": m[0], "head_top": m[1],
+                       "fidelity": close[m[1]], **measured[m]}
+                rows.append(row)
+                line = (f"| {name} | {dtype} | {t:g} | {m[0]} | {'default' if m[1] is None else m[1]} | {row['fidelity']:.3f} | {row['alpha']:.3f} "
+                        f"| {row['tokens_per_pass']:.2f} | {row['draft_ms_per_forward']:.2f} | {row['tok_s']:.1f} "
+                        f"| {row['vs_plain']:.2f}× | {interval_cell(row)} | {verdict_cell(row)} |")
+                lines.append(line)
+                print(line, flush=True)
+        del target, drafts
     tail = (f"<!-- {watch.seconds:.0f} s; load average at the end {os.getloadavg()[0]:.2f} -->")
     lines.append(tail)
     print(tail)

@@ -22,7 +22,7 @@ import torch
 from bench_steps import step_timer
 from common import (
     load,
-    model_folders,
+    model_dtypes,
     op_ms,
     parser,
     prompt_ids,
@@ -62,34 +62,33 @@ def main() -> None:
              "| step path |", "|" + "---|" * 9]
     print("\n".join(lines), flush=True)
     rows = []
-    for name, folder in model_folders(args).items():
-        for dtype in (["float32"] if name == "micro" else args.dtypes.split(",")):
-            target, tokenizer = load(folder, dtype)
-            drafts = {spec: hfspec.make_draft(target, spec) for spec in specs}
-            vocab = target.config.vocab_size
-            ids = torch.randint(0, vocab, (1, args.context + 1), generator=torch.Generator().manual_seed(0))
-            timers = {"target": step_timer(target, ids, args.context, 1)}
-            timers |= {spec: step_timer(d, ids, args.context, 1) for spec, d in drafts.items()}
-            timings = time_operators(timers, args.steps, baseline="target")
-            verdict = verdict_cell(verdict_columns(timings))
-            seen = probe(target, tokenizer, args.prompt, args.fidelity_tokens)
-            target_ms = op_ms(timings, "target")
-            for spec, draft in drafts.items():
-                c = time_ratio(timings, spec, "target")
-                row = {"model": name, "dtype": dtype, "draft": spec, "target_ms": target_ms.median,
-                       "draft_ms": op_ms(timings, spec).median, "c_time": c.median, "c_time_low": c.low,
-                       "c_time_high": c.high, "fidelity": fidelity(target, draft, seen),
-                       "draft_bytes": weight_bytes(draft), "path": hfspec.drafts.describe(draft)["step"],
-                       **verdict_columns(timings)}
-                rows.append(row)
-                line = (f"| {name} | {dtype} | {spec} | {row['target_ms']:.2f} | {row['draft_ms']:.2f} | {c.cell('.3f')} "
-                        f"| {row['fidelity']:.4f} | {row['draft_bytes'] / 1e6:.1f} | {row['path']} |")
-                lines.append(line)
-                print(line, flush=True)
-            note = f"<!-- {name} {dtype}: {verdict} -->"  # one verdict for the rounds that timed every draft
-            lines.append(note)
-            print(note, flush=True)
-            del target, drafts
+    for name, folder, dtype in model_dtypes(args):
+        target, tokenizer = load(folder, dtype)
+        drafts = {spec: hfspec.make_draft(target, spec) for spec in specs}
+        vocab = target.config.vocab_size
+        ids = torch.randint(0, vocab, (1, args.context + 1), generator=torch.Generator().manual_seed(0))
+        timers = {"target": step_timer(target, ids, args.context, 1)}
+        timers |= {spec: step_timer(d, ids, args.context, 1) for spec, d in drafts.items()}
+        timings = time_operators(timers, args.steps, baseline="target")
+        verdict = verdict_cell(verdict_columns(timings))
+        seen = probe(target, tokenizer, args.prompt, args.fidelity_tokens)
+        target_ms = op_ms(timings, "target")
+        for spec, draft in drafts.items():
+            c = time_ratio(timings, spec, "target")
+            row = {"model": name, "dtype": dtype, "draft": spec, "target_ms": target_ms.median,
+                   "draft_ms": op_ms(timings, spec).median, "c_time": c.median, "c_time_low": c.low,
+                   "c_time_high": c.high, "fidelity": fidelity(target, draft, seen),
+                   "draft_bytes": weight_bytes(draft), "path": hfspec.drafts.describe(draft)["step"],
+                   **verdict_columns(timings)}
+            rows.append(row)
+            line = (f"| {name} | {dtype} | {spec} | {row['target_ms']:.2f} | {row['draft_ms']:.2f} | {c.cell('.3f')} "
+                    f"| {row['fidelity']:.4f} | {row['draft_bytes'] / 1e6:.1f} | {row['path']} |")
+            lines.append(line)
+            print(line, flush=True)
+        note = f"<!-- {name} {dtype}: {verdict} -->"  # one verdict for the rounds that timed every draft
+        lines.append(note)
+        print(note, flush=True)
+        del target, drafts
     tail = f"<!-- load average at the end {os.getloadavg()[0]:.2f} -->"
     lines.append(tail)
     print(tail)

@@ -22,7 +22,7 @@ from common import (
     against_plain,
     interval_cell,
     load,
-    model_folders,
+    model_dtypes,
     paired,
     parser,
     prompt_ids,
@@ -56,31 +56,30 @@ def main() -> None:
              "| pair over steps | verdict |", "|" + "---|" * 12]
     print("\n".join(lines), flush=True)
     rows = []
-    for name, folder in model_folders(args).items():
-        for dtype in (["float32"] if name == "micro" else args.dtypes.split(",")):
-            target, tokenizer = load(folder, dtype)
-            ids = [prompt_ids(tokenizer, text) for text in PROMPTS]
-            pair, steps = hfspec.make_draft(target, args.draft), hfspec.make_draft(target, args.draft)
-            if pair.compiled_step is None or pair.compiled_step.fn_pair is None:
-                raise SystemExit(f"{args.draft} on {name} {dtype}: no compiled pair step "
-                                 f"({hfspec.drafts.describe(pair)['step']})")
-            steps.compiled_step.fn_pair = None  # the same compiled draft, feeding pairs as two one-token steps
-            for t in (float(x) for x in args.temperatures.split(",")):
-                measured = against_plain(target, ids, {"pair": (pair, gamma), "steps": (steps, gamma)}, t,
-                                         args.max_new_tokens, args.repeats, args.seed)
-                gain = paired(measured["pair"], measured["steps"])
-                for key in ("pair", "steps"):
-                    row = {"model": name, "dtype": dtype, "temperature": t, "catch_up": key, **measured[key],
-                           **({"pair_over_steps": gain.median, "pair_over_steps_low": gain.low,
-                               "pair_over_steps_high": gain.high} if key == "pair" else {})}
-                    rows.append(row)
-                    over = f"{gain.median:.3f}× ({gain.low:.3f}–{gain.high:.3f})" if key == "pair" else "—"
-                    line = (f"| {name} | {dtype} | {t:g} | {key} | {row['alpha']:.3f} | {row['tokens_per_pass']:.2f} "
-                            f"| {row['draft_ms_per_forward']:.2f} | {row['tok_s']:.1f} | {row['vs_plain']:.2f}× "
-                            f"| {interval_cell(row)} | {over} | {verdict_cell(row)} |")
-                    lines.append(line)
-                    print(line, flush=True)
-            del target, pair, steps
+    for name, folder, dtype in model_dtypes(args):
+        target, tokenizer = load(folder, dtype)
+        ids = [prompt_ids(tokenizer, text) for text in PROMPTS]
+        pair, steps = hfspec.make_draft(target, args.draft), hfspec.make_draft(target, args.draft)
+        if pair.compiled_step is None or pair.compiled_step.fn_pair is None:
+            raise SystemExit(f"{args.draft} on {name} {dtype}: no compiled pair step "
+                             f"({hfspec.drafts.describe(pair)['step']})")
+        steps.compiled_step.fn_pair = None  # the same compiled draft, feeding pairs as two one-token steps
+        for t in (float(x) for x in args.temperatures.split(",")):
+            measured = against_plain(target, ids, {"pair": (pair, gamma), "steps": (steps, gamma)}, t,
+                                     args.max_new_tokens, args.repeats, args.seed)
+            gain = paired(measured["pair"], measured["steps"])
+            for key in ("pair", "steps"):
+                row = {"model": name, "dtype": dtype, "temperature": t, "catch_up": key, **measured[key],
+                       **({"pair_over_steps": gain.median, "pair_over_steps_low": gain.low,
+                           "pair_over_steps_high": gain.high} if key == "pair" else {})}
+                rows.append(row)
+                over = f"{gain.median:.3f}× ({gain.low:.3f}–{gain.high:.3f})" if key == "pair" else "—"
+                line = (f"| {name} | {dtype} | {t:g} | {key} | {row['alpha']:.3f} | {row['tokens_per_pass']:.2f} "
+                        f"| {row['draft_ms_per_forward']:.2f} | {row['tok_s']:.1f} | {row['vs_plain']:.2f}× "
+                        f"| {interval_cell(row)} | {over} | {verdict_cell(row)} |")
+                lines.append(line)
+                print(line, flush=True)
+        del target, pair, steps
     tail = f"<!-- load average at the end {os.getloadavg()[0]:.2f} -->"
     lines.append(tail)
     print(tail)

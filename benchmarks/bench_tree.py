@@ -23,7 +23,7 @@ from pathlib import Path
 
 import common
 import torch
-from common import model_folders, parser, verdict_cell, write_results
+from common import model_dtypes, parser, verdict_cell, write_results
 
 import hfspec
 import hfspec.decoding.siblings
@@ -74,24 +74,23 @@ def main() -> None:
               "| draft fwd/pass | tok/s | vs plain [interval] | vs best chain (tok/s) [interval] | verdict |")
     lines = [header, "|" + "---|" * 12]
     print("\n".join(lines), flush=True)
-    for name, folder in model_folders(args).items():
-        for dtype in (["float32"] if name == "micro" else args.dtypes.split(",")):
-            target, tokenizer = load(folder, dtype)
-            draft = hfspec.make_draft(target, args.draft)
-            prompts = [tokenizer(t, return_tensors="pt").input_ids for t in PROMPTS[: args.prompts]]
-            todo = methods(args)
-            for t in (float(x) for x in args.temperatures.split(",")):
-                runs = {label: _method(target, draft, prompts, t, args, kwargs) for label, kwargs in todo}
-                if timing:  # one ruler: interleaved rounds, a warm-up round, outliers re-measured, a verdict
-                    runs["plain"] = _plain(target, prompts, t, args.max_new_tokens)
-                    tokens = args.max_new_tokens * len(prompts)
-                    timings = common.timed_rounds({k: common.wall(fn, tokens) for k, fn in runs.items()},
-                                                  args.repeats, args.seed)
-                    pooled = {label: _pool(k[label].out for k in timings.kept) for label, _ in todo}
-                else:
-                    timings = None
-                    pooled = {label: _pool(runs[label](r) for r in range(args.repeats)) for label, _ in todo}
-                rows += _rows(name, dtype, t, todo, pooled, timings, args, lines)
+    for name, folder, dtype in model_dtypes(args):
+        target, tokenizer = load(folder, dtype)
+        draft = hfspec.make_draft(target, args.draft)
+        prompts = [tokenizer(t, return_tensors="pt").input_ids for t in PROMPTS[: args.prompts]]
+        todo = methods(args)
+        for t in (float(x) for x in args.temperatures.split(",")):
+            runs = {label: _method(target, draft, prompts, t, args, kwargs) for label, kwargs in todo}
+            if timing:  # one ruler: interleaved rounds, a warm-up round, outliers re-measured, a verdict
+                runs["plain"] = _plain(target, prompts, t, args.max_new_tokens)
+                tokens = args.max_new_tokens * len(prompts)
+                timings = common.timed_rounds({k: common.wall(fn, tokens) for k, fn in runs.items()},
+                                              args.repeats, args.seed)
+                pooled = {label: _pool(k[label].out for k in timings.kept) for label, _ in todo}
+            else:
+                timings = None
+                pooled = {label: _pool(runs[label](r) for r in range(args.repeats)) for label, _ in todo}
+            rows += _rows(name, dtype, t, todo, pooled, timings, args, lines)
     write_results(args.out, lines, rows)
 
 

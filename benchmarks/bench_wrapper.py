@@ -25,7 +25,7 @@ from common import (
     against_plain,
     interval_cell,
     load,
-    model_folders,
+    model_dtypes,
     parser,
     prompt_ids,
     time_operators,
@@ -77,28 +77,27 @@ def main() -> None:
     print("\n".join(lines), flush=True)
     rows = []
     watch = Stopwatch()  # the whole script, one-shot
-    for name, folder in model_folders(args).items():
-        for dtype in (["float32"] if name == "micro" else args.dtypes.split(",")):
-            target, tokenizer = load(folder, dtype)
-            ids = prompt_ids(tokenizer, args.prompt)
-            built = {w: _build(target, w) for w in names}
-            drafts = {w: d for w, (d, _) in built.items()}
-            costs = step_costs(target, drafts)
-            for t in (float(x) for x in args.temperatures.split(",")):
-                measured = against_plain(target, ids, {w: (d, "auto") for w, d in drafts.items()}, t, n,
-                                         args.repeats, args.seed)
-                for w in names:
-                    row = {"model": name, "dtype": dtype, "step": names[w], "build_s": built[w][1],
-                           "c_time": costs[w].median, "c_time_low": costs[w].low, "c_time_high": costs[w].high,
-                           "temperature": t, **measured[w]}
-                    rows.append(row)
-                    line = (f"| {name} | {dtype} | {row['step']} | {row['build_s']:.1f} | {row['c_time']:.3f} "
-                            f"[{row['c_time_low']:.3f}–{row['c_time_high']:.3f}] | {t:g} "
-                            f"| {row['alpha']:.3f} | {row['tokens_per_pass']:.2f} | {row['tok_s']:.1f} "
-                            f"| {row['vs_plain']:.2f}× | {interval_cell(row)} | {verdict_cell(row)} |")
-                    lines.append(line)
-                    print(line, flush=True)
-            del target, drafts, built
+    for name, folder, dtype in model_dtypes(args):
+        target, tokenizer = load(folder, dtype)
+        ids = prompt_ids(tokenizer, args.prompt)
+        built = {w: _build(target, w) for w in names}
+        drafts = {w: d for w, (d, _) in built.items()}
+        costs = step_costs(target, drafts)
+        for t in (float(x) for x in args.temperatures.split(",")):
+            measured = against_plain(target, ids, {w: (d, "auto") for w, d in drafts.items()}, t, n,
+                                     args.repeats, args.seed)
+            for w in names:
+                row = {"model": name, "dtype": dtype, "step": names[w], "build_s": built[w][1],
+                       "c_time": costs[w].median, "c_time_low": costs[w].low, "c_time_high": costs[w].high,
+                       "temperature": t, **measured[w]}
+                rows.append(row)
+                line = (f"| {name} | {dtype} | {row['step']} | {row['build_s']:.1f} | {row['c_time']:.3f} "
+                        f"[{row['c_time_low']:.3f}–{row['c_time_high']:.3f}] | {t:g} "
+                        f"| {row['alpha']:.3f} | {row['tokens_per_pass']:.2f} | {row['tok_s']:.1f} "
+                        f"| {row['vs_plain']:.2f}× | {interval_cell(row)} | {verdict_cell(row)} |")
+                lines.append(line)
+                print(line, flush=True)
+        del target, drafts, built
     tail = f"<!-- {watch.seconds:.0f} s; load average at the end {os.getloadavg()[0]:.2f} -->"
     lines.append(tail)
     print(tail)

@@ -54,6 +54,14 @@ def model_folders(args) -> dict[str, Path]:
     return out
 
 
+def model_dtypes(args):
+    """(name, folder, dtype) for each model of `--models` that is found and each dtype of `--dtypes` (micro, trained
+    in fp32: float32 only)."""
+    for name, folder in model_folders(args).items():
+        for dtype in (["float32"] if name == "micro" else args.dtypes.split(",")):
+            yield name, folder, dtype
+
+
 def load(path: Path, dtype: str = "float32"):
     """(model, tokenizer); a dtype written `float32+prepack` is fp32 with `hfspec.kernels.fast_linear.prepack`
     (oneDNN's blocked copy of every linear weight); `float32+rows` is plain fp32 (the caller routes its linears
