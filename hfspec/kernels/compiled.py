@@ -170,7 +170,6 @@ class CompiledStep:
 
     def _compile_once(self, no_cache: bool, wrapper: bool) -> None:
         """Compile on a scratch cache and check the result against the eager one-token step."""
-        from torch._inductor import config
 
         decoder = self.decoder
         cache = decoder.hfspec_new_cache()
@@ -182,52 +181,46 @@ class CompiledStep:
         self.tables = decoder.rotary_tables(1)  # grown (doubled) by __call__ when a slot passes its end
         for table in self.tables:
             torch._dynamo.mark_dynamic(table, 0)
-        # Dynamo's guards (one per closed-over weight) cost ~0.2 ms a call; every call here passes tensors of the
-        # same dtypes and ranks (the cache length is dynamic), so guards are dropped. Without guards, drafts must
-        # not share dynamo's cache, which lives on the code object: each decoder compiles its own copy of it.
-        method = type(decoder).one_token
-        own = types.FunctionType(method.__code__.replace(), method.__globals__, method.__name__,
-                                 method.__defaults__, method.__closure__)
-        fn = torch.compile(types.MethodType(own, decoder), fullgraph=True, dynamic=False,
-                           options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe})
         # dynamic threads: the artefact is the same whatever torch's thread count (else part of its cache key)
         patch = {"force_disable_caches": no_cache, "cpp.dynamic_threads": True, "cpp_wrapper": wrapper}
-        with torch.no_grad(), config.patch(patch), _quiet_inductor():
-            got = fn(ids, slot, self.tables, cache.keys, cache.values)
-            with int4_rows.as_compiled():  # the eager step with the compiled step's kernels
-                want = decoder.one_token(ids, slot, self.tables, cache.keys, cache.values)
-        differs = step_difference(got, want)
-        if differs:
-            raise RuntimeError(differs)
-        self.fn = fn
+        self.fn = self._checked("one_token", (ids, slot, self.tables, cache.keys, cache.values), patch)
         self.wrapper = wrapper
         self._compile_pair(cache, patch)
 
     def _compile_pair(self, cache, patch: dict) -> None:
         """`decoder.tokens` over PAIR tokens, compiled and checked as the one-token step is; where that fails, a
         pair feed runs as one-token steps (`pair_path` says why): the one-token step stands on its own."""
+        args = (torch.zeros(1, PAIR, dtype=torch.long), torch.arange(1, 1 + PAIR), self.tables, cache.keys,
+                cache.values)
+        try:
+            self.fn_pair, self.pair_path = self._checked("tokens", args, patch), "compiled"
+        except Exception as error:  # noqa: BLE001 - the one-token step stands; pairs run as two of its steps
+            why = first_line(error).replace("compiled step", "compiled pair step")
+            self.fn_pair, self.pair_path = None, f"one-token steps ({why})"
+
+    def _checked(self, name: str, args: tuple, patch: dict):
+        """The decoder's method `name` compiled with the inductor settings `patch`, run once on `args` and checked
+        against the same method run eagerly with the compiled step's kernels (`int4_rows.as_compiled`); raises
+        where they differ."""
         from torch._inductor import config
 
         decoder = self.decoder
-        method = type(decoder).tokens
+        # Dynamo's guards (one per closed-over weight) cost ~0.2 ms a call; every call here passes tensors of the
+        # same dtypes and ranks (the cache length is dynamic), so guards are dropped. Without guards, drafts must
+        # not share dynamo's cache, which lives on the code object: each decoder compiles its own copy of it.
+        method = getattr(type(decoder), name)
         own = types.FunctionType(method.__code__.replace(), method.__globals__, method.__name__,
                                  method.__defaults__, method.__closure__)
-        ids = torch.zeros(1, PAIR, dtype=torch.long)
-        slots = torch.arange(1, 1 + PAIR)
-        try:
-            fn = torch.compile(types.MethodType(own, decoder), fullgraph=True, dynamic=False,
-                               options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe})
-            with torch.no_grad(), config.patch(patch), _quiet_inductor():
-                got = fn(ids, slots, self.tables, cache.keys, cache.values)
-                with int4_rows.as_compiled():
-                    want = decoder.tokens(ids, slots, self.tables, cache.keys, cache.values)
-            differs = step_difference(got, want)
-            if differs:
-                raise RuntimeError(differs.replace("compiled step", "compiled pair step"))
-        except Exception as error:  # noqa: BLE001 - the one-token step stands; pairs run as two of its steps
-            self.fn_pair, self.pair_path = None, f"one-token steps ({first_line(error)})"
-            return
-        self.fn_pair, self.pair_path = fn, "compiled"
+        fn = torch.compile(types.MethodType(own, decoder), fullgraph=True, dynamic=False,
+                           options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe})
+        with torch.no_grad(), config.patch(patch), _quiet_inductor():
+            got = fn(*args)
+            with int4_rows.as_compiled():  # the eager step with the compiled step's kernels
+                want = method(decoder, *args)
+        differs = step_difference(got, want)
+        if differs:
+            raise RuntimeError(differs)
+        return fn
 
 
 # The int4 and int8 CPU kernels return bf16 products, whose last bit depends on the order of the sums: on an AVX2

@@ -260,29 +260,17 @@ class LeanDecoder(nn.Module):
                   keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
         """Logits [1, 1, V] of one token written at cache slot `slot` ([1] long, its position too: no holes),
         attending over every preallocated slot through a mask: the same shapes at every step, for
-        `torch.compile`. `tables`: `rotary_tables(n)`, the rotary factors (cos, sin) per entry of `rope_types`."""
-        h = F.embedding(input_ids, self.embed_table).float()
-        if self.embed_scale is not None:
-            h = h * self.embed_scale
-        index = torch.arange(keys[0].shape[2], device=slot.device)
-        masks = {}
-        for window in self._windows:
-            seen = index <= slot
-            if window is not None:
-                seen = seen & (index > slot - window)
-            masks[window] = seen[None, None, None, :]
-        factors = {kind: table[slot][None, :, None] for kind, table in zip(self.rope_types, tables, strict=True)}
-        for step, layer_type, window, k, v in zip(self._steps, self._layer_types, self._block_windows, keys, values,
-                                                  strict=True):
-            h = step(h, factors[layer_type], k, v, slot, None, masks[window])
-        return self._logits_of(h)
+        `torch.compile`. `tables`: `rotary_tables(n)`, the rotary factors (cos, sin) per entry of `rope_types`.
+        `tokens` of one token."""
+        return self.tokens(input_ids, slot, tables, keys, values)
 
     def tokens(self, input_ids: torch.Tensor, slots: torch.Tensor, tables: list[torch.Tensor],
                keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
-        """`one_token` for T tokens at once (input_ids [1, T] at consecutive cache slots `slots` [T] long, their
-        positions too): logits [1, 1, V] of the last. A compiled draft's two-token catch-up feed (the last draft
-        token and the target's bonus token after a round that kept every proposal) in one call: a draft step reads
-        all of the draft's weights whatever its rows, so two rows cost about what one does (`hfspec.kernels.compiled`)."""
+        """Logits [1, 1, V] of the last of T tokens (input_ids [1, T]) written at consecutive cache slots `slots`
+        ([T] long, their positions too), attending through a mask over every preallocated slot (`one_token`'s
+        shapes for T = 1). With T = 2, a compiled draft's catch-up feed (its last proposal and the target's bonus
+        token after a round that kept every proposal) in one call: a draft step reads all of the draft's weights
+        whatever its rows, so two rows cost about what one does (`hfspec.kernels.compiled`)."""
         h = F.embedding(input_ids, self.embed_table).float()
         if self.embed_scale is not None:
             h = h * self.embed_scale
