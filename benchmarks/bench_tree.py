@@ -4,6 +4,10 @@ fixed `TreeShape`s), same draft, same prompts.
     python benchmarks/bench_tree.py --models micro,smollm2 --dtypes float32,bfloat16 --gammas 3,4,5 \\
         --shapes auto,24x6x4x4 --trees 3 --max-new-tokens 64 --repeats 2
 
+    # a compiled draft's token trees with and without its compiled tree level:
+    python benchmarks/bench_tree.py --models smollm2-offgrid --draft gptq4-compiled --dtypes bfloat16 --gammas 3,4,5 \\
+        --shapes auto,24x6x4x4 --trees 0 --temperatures 1,0 --prompts 4 --max-new-tokens 96 --repeats 3 --eager-levels
+
     # timing-free (tokens per target pass only; fine on a busy machine):
     python benchmarks/bench_tree.py --models ~/.cache/hfspec-models/smollm2-135m-instruct-offgrid --draft rtn4 \\
         --dtypes float32 --gammas 3,4,5 --shapes auto,24x6x4x4 --trees 0 --temperatures 1,0 --no-timing
@@ -46,10 +50,13 @@ def methods(args) -> list[tuple[str, dict]]:
             out.append((f"siblings {w} γ={args.gamma}", {"gamma": args.gamma, "tree": w}))
     for spec in (s.strip() for s in args.shapes.split(",") if s.strip()):
         if spec == "auto":
-            out.append(("token tree auto", {"tree": "auto"}))
+            trees = [("token tree auto", {"tree": "auto"})]
         else:
             n, d, b, w = (int(v) for v in spec.split("x"))
-            out.append((f"token tree {spec}", {"tree": hfspec.TreeShape(n, d, b, w)}))
+            trees = [(f"token tree {spec}", {"tree": hfspec.TreeShape(n, d, b, w)})]
+        if args.eager_levels:
+            trees.append((f"{trees[0][0]} (eager levels)", {**trees[0][1], "eager_levels": True}))
+        out += trees
     return out
 
 
@@ -65,6 +72,8 @@ def main() -> None:
     p.add_argument("--temperatures", default="1.0")
     p.add_argument("--prompts", type=int, default=2, help=f"how many of {len(PROMPTS)} built-in prompts")
     p.add_argument("--no-timing", action="store_true", help="tokens per pass only: no clock, no warm-up")
+    p.add_argument("--eager-levels", action="store_true", help="each token tree also with a compiled draft's tree "
+                   "levels on the eager lean step (what they ran before the compiled level)")
     p.add_argument("--out", help="write OUT.md and OUT.json")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -98,13 +107,26 @@ def _method(target, draft, prompts, temperature: float, args, kwargs):
     """fn(round) decoding every prompt with one method, each seeded by the round and the prompt; returns the
     pooled `SpecStats`."""
     n = args.max_new_tokens
+    kwargs = dict(kwargs)
+    eager = kwargs.pop("eager_levels", False)
+    step = getattr(draft, "compiled_step", None)
+    if eager and step is None:
+        raise SystemExit(f"--eager-levels: draft {args.draft!r} has no compiled step (use a -compiled spec)")
 
     def run(r: int):
         stats = None
-        for i, ids in enumerate(prompts):
-            out = hfspec.generate(target, ids, draft=draft, temperature=temperature, max_new_tokens=n,
-                                  min_new_tokens=n, seed=args.seed + 100 * r + i, **kwargs)
-            stats = out.stats if stats is None else stats.merge(out.stats)
+        level = step.tree_level if eager else None
+        if level is not None:  # compiled (or refused) before the swap: the run must not compile it again
+            level.prepare()
+            level.fn, kept = None, level.fn
+        try:
+            for i, ids in enumerate(prompts):
+                out = hfspec.generate(target, ids, draft=draft, temperature=temperature, max_new_tokens=n,
+                                      min_new_tokens=n, seed=args.seed + 100 * r + i, **kwargs)
+                stats = out.stats if stats is None else stats.merge(out.stats)
+        finally:
+            if level is not None:
+                level.fn = kept
         return stats
     return run
 

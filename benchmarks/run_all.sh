@@ -72,7 +72,10 @@ run tokens python bench_tokens.py --smollm2 "$SMOLLM2"
 run sibling python bench_sibling.py --pairs micro-nano,smollm2-360m/135m --repeats 5
 run scale python bench_scale.py --shapes smollm2-135m --dtypes bf16 --quick --out ''  # results/scale.* stay the full run's
 run tree python bench_tree.py --models micro,smollm2-offgrid --smollm2-offgrid "$OFFGRID" --draft gptq4-compiled \
-    --dtypes float32,bfloat16 --trees 2 --shapes auto,24x6x4x4 --temperatures 0,1 --max-new-tokens 64 --repeats 3
+    --dtypes float32,bfloat16 --trees 2 --shapes auto,24x6x4x4 --temperatures 0,1 --max-new-tokens 64 --repeats 3 \
+    --eager-levels
+run "compiled tree level" python bench_tree_level.py --models smollm2-offgrid --smollm2-offgrid "$OFFGRID" \
+    --dtypes bfloat16,float32 --draft gptq4-compiled --widths 1,2,4,8 --steps 15
 run export python bench_export.py --smollm2 "$SMOLLM2"
 run hub python bench_hub.py --models smollm2 --smollm2 "$SMOLLM2"
 run "drafts alpha" python bench_drafts.py alpha --model ../../shared/models/stories260K

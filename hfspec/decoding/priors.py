@@ -286,17 +286,19 @@ def prior_model(c: float, device: str = "cpu", dtype: str = "float32") -> CostMo
 
 # A token tree's round against the chain's, before a run has timed any: what a seeded tree="auto" prices a tree
 # round with when it chooses between growing a tree and running the round as the chain (`hfspec.decoding.tree_choice`).
-# A tree level is one eager draft call over several nodes (tree mask, explicit positions), where the chain's step
-# takes one token and may be compiled: `TREE_LEVEL_PRIOR` is a level's cost over the chain's draft step. A tree
-# round also builds a 4-D mask and position ids for its verify pass and walks the tree in Python:
-# `TREE_ROUND_PRIOR`, in one-token target passes per round, on top of the verify pass `verify_prior(n)` prices.
-# Not timed on their own: inferred from the 2 December 2026 rows of
-# benchmarks/results/epyc-2c-2026-12-02-results-readme.json (SmolLM2-135M off the grid, quiet 2-core EPYC): per
-# draft forward, the tree runs took 1.20–1.28× the chain's time with gptq4-compiled and 1.00–1.08× with int8, and a
-# tree's forwards mix one single-token root step per round with its levels, so a level costs about 1.3× a compiled
-# step and 1.1× an eager one; at equal tokens per pass (gptq4-compiled, fp32, T = 0: 3.37 for both) a tree round
-# cost about 0.19 target passes more than a chain round, of which its levels explain about 0.13.
-TREE_LEVEL_PRIOR = {"compiled": 1.3, "eager": 1.1}
+# A tree level is one draft call over several nodes (tree mask, explicit positions), where the chain's step takes one
+# token: `TREE_LEVEL_PRIOR` is a one-node level's cost over the chain's draft step, by what runs each. A compiled
+# draft compiles its tree level too (`hfspec.kernels.compiled_tree`; a one-node level is padded to two nodes), else
+# its levels run the eager lean step: "eager over compiled". Measured with benchmarks/bench_tree_level.py (gptq4-compiled,
+# SmolLM2-135M off the grid, quiet no-AMX 2-core Xeon, 7 December 2026, benchmarks/results/xeon-noamx-2c-2026-12-07-
+# tree-level.md): see the numbers beside each value. "eager" (an eager level over an eager draft's step) is inferred
+# from the 2 December 2026 rows of benchmarks/results/epyc-2c-2026-12-02-results-readme.json (SmolLM2-135M off the
+# grid, quiet 2-core EPYC), where int8 tree runs took 1.00–1.08× the chain's time per draft forward.
+# A tree round also builds a 4-D mask and position ids for its verify pass and walks the tree in Python:
+# `TREE_ROUND_PRIOR`, in one-token target passes per round, on top of the verify pass `verify_prior(n)` prices (from
+# the same EPYC rows: at equal tokens per pass a tree round cost about 0.19 target passes more than a chain round, of
+# which its levels explain about 0.13).
+TREE_LEVEL_PRIOR = {"compiled": 1.2, "eager over compiled": 1.55, "eager": 1.1}
 TREE_ROUND_PRIOR = 0.06
 
 # A tree level's cost grows with its nodes: each node is a row of every draft matrix's product, and the CPU's
@@ -319,9 +321,12 @@ TREE_ROW_PRIOR_AMX = {"int4": 0.36, "int8": 0.35, "bfloat16": 0.02, "float32": 0
 TREE_ROW_PRIORS = {"cpu": TREE_ROW_PRIOR, "cpu-avx2": TREE_ROW_PRIOR_AVX2, "cpu-amx": TREE_ROW_PRIOR_AMX}
 
 
-def tree_level_prior(compiled: bool) -> float:
-    """A token-tree draft level's cost over the chain's draft step (`TREE_LEVEL_PRIOR`), fixed before decoding."""
-    return TREE_LEVEL_PRIOR["compiled" if compiled else "eager"]
+def tree_level_prior(compiled: bool, level_compiled: bool = False) -> float:
+    """A one-node token-tree draft level's cost over the chain's draft step (`TREE_LEVEL_PRIOR`), fixed before
+    decoding. compiled: the chain's step is compiled; level_compiled: so is the tree level."""
+    if not compiled:
+        return TREE_LEVEL_PRIOR["eager"]
+    return TREE_LEVEL_PRIOR["compiled" if level_compiled else "eager over compiled"]
 
 
 def tree_row_prior(storage: str) -> float:

@@ -79,9 +79,10 @@ class DynamicTree:
 
     def check(self, target, run: RoundState) -> None:
         check_dynamic_tree(target, run.target, run.draft)
-        if self.auto:  # a level is an eager multi-node call: dearer than a compiled chain step, more with its width
-            compiled = getattr(run.draft.runner, "compiled_step", None) is not None
-            self.shape.level_factor = tree_level_prior(compiled)
+        step = getattr(getattr(run.draft.runner, "model", None), "compiled_step", None)
+        level = step.tree_level.prepare() if step is not None else "eager"  # compiled on the first tree run
+        if self.auto:  # a level is a multi-node call: dearer than a chain step, more with its width
+            self.shape.level_factor = tree_level_prior(step is not None, level == "compiled")
             self.shape.row_factor = tree_row_prior(draft_storage(run.draft.runner))
 
     def propose_and_verify(self, run: RoundState) -> tuple[Proposal, Verdict]:

@@ -41,6 +41,7 @@ import torch
 
 from hfspec.errors import first_line
 from hfspec.kernels import int4_rows
+from hfspec.kernels.compiled_tree import CompiledLevel
 from hfspec.kernels.lean_cache import CACHE_CHUNK
 
 COMPILED_FEED_MAX = 4  # a compiled draft runs feeds of up to this many tokens as one-token steps (a round's catch-up)
@@ -64,7 +65,10 @@ class CompiledStep:
         self.wrapper = False  # whether the step runs through inductor's C++ wrapper
         self.seconds = 0.0
         self.path = "eager (not compiled yet)"
-        self._compile(progress or (lambda message: None))
+        self.say = progress or (lambda message: None)
+        self.patch: dict = {}  # inductor settings the step compiled with (the tree level compiles with them too)
+        self.tree_level = CompiledLevel(self)  # compiled on a run's first token tree (`hfspec.kernels.compiled_tree`)
+        self._compile(self.say)
 
     def __call__(self, input_ids: torch.Tensor, slot: int, cache) -> torch.Tensor:
         """Logits [1, 1, V] of input_ids [1, 1] at cache slot `slot`, which is also its position."""
@@ -184,7 +188,7 @@ class CompiledStep:
         # dynamic threads: the artefact is the same whatever torch's thread count (else part of its cache key)
         patch = {"force_disable_caches": no_cache, "cpp.dynamic_threads": True, "cpp_wrapper": wrapper}
         self.fn = self._checked("one_token", (ids, slot, self.tables, cache.keys, cache.values), patch)
-        self.wrapper = wrapper
+        self.wrapper, self.patch = wrapper, patch
         self._compile_pair(cache, patch)
 
     def _compile_pair(self, cache, patch: dict) -> None:
@@ -279,8 +283,8 @@ class _ticker:
     POLL = 0.25  # seconds between looks at `from_scratch`
 
     def __init__(self, say: Callable[[str], None], began: float, from_scratch: Callable[[], bool] = lambda: False,
-                 scratch: str = ""):
-        self.say, self.began, self.done = say, began, threading.Event()
+                 scratch: str = "", what: str = "the draft step"):
+        self.say, self.began, self.done, self.what = say, began, threading.Event(), what
         self.from_scratch, self.scratch_message, self.scratch = from_scratch, scratch, False
 
     def _look(self) -> None:
@@ -296,7 +300,7 @@ class _ticker:
                     self._look()
                     if time.perf_counter() - last >= PROGRESS_EVERY:
                         last = time.perf_counter()
-                        self.say(f"still compiling the draft step… {last - self.began:.0f} s")
+                        self.say(f"still compiling {self.what}… {last - self.began:.0f} s")
                 except Exception:  # noqa: BLE001 - a stop request cannot interrupt a compile; stop ticking
                     return
         self.thread = threading.Thread(target=tick, daemon=True)

@@ -287,6 +287,21 @@ class LeanDecoder(nn.Module):
             h = step(h, factors[layer_type], k, v, slots, None, masks[window])
         return self._logits_of(h[:, -1:])
 
+    def level(self, input_ids: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, seen: torch.Tensor,
+              tables: list[torch.Tensor], keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
+        """Logits [1, W, V] of a token tree's level: W nodes (input_ids [1, W]) written at cache slots `slots` [W],
+        at rotary positions `positions` [W], node i attending to the slots row i of `seen` [W, S] marks (S: every
+        preallocated slot). Full attention only (token trees refuse sliding-window models). The compiled form
+        (`CompiledStep.level`) pads W to a fixed width."""
+        h = F.embedding(input_ids, self.embed_table).float()
+        if self.embed_scale is not None:
+            h = h * self.embed_scale
+        mask = seen[None, None]
+        factors = {kind: table[positions][None, :, None] for kind, table in zip(self.rope_types, tables, strict=True)}
+        for step, layer_type, k, v in zip(self._steps, self._layer_types, keys, values, strict=True):
+            h = step(h, factors[layer_type], k, v, slots, None, mask)
+        return self._logits_of(h)
+
     def rotary_tables(self, positions: int) -> list[torch.Tensor]:
         """Rotary factors [≥ positions, R/2, 2] (cos, sin) per entry of `rope_types`."""
         return [self._table(kind, positions) for kind in self.rope_types]

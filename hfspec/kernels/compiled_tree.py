@@ -1,0 +1,128 @@
+"""A compiled token-tree level for compiled lean drafts (`-compiled` specs): `LeanDecoder.level` (W nodes at explicit
+positions, a tree mask over every preallocated cache slot) through `torch.compile`, one graph for every width from
+2 to `LEVEL_MAX` (the width is a dynamic dimension; a one-node level is padded to two). Without it a tree level ran
+the eager lean step, 1.5-1.9x a compiled step on the 2-core VMs whatever its width (benchmarks/bench_tree.py
+--eager-levels measures the difference end to end).
+
+It is compiled the first time a run grows a token tree with the draft (`CompiledStep.tree_level`), not when the
+draft is built: chain runs never pay for it. Inductor keeps the artefact on disk beside the step's, so later
+processes load it in seconds; like the step, it is checked against the eager level and, where it cannot compile,
+tree levels keep the eager lean step (`path` says why; nothing else changes).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+
+import torch
+
+from hfspec.errors import first_line
+
+LEVEL_MAX = 16  # widest level that runs compiled (`hfspec.decoding.tree_shape.WIDTH_MAX`); wider ones run eagerly
+EXAMPLE_WIDTH = 3  # the width compiled with: ≥ 2 (dynamo specialises 0 and 1), unlike the cache's and tables' sizes
+
+
+class CompiledLevel:
+    """A compiled draft's tree level; `level(ids [1, W], positions [W], allowed [W, cache.length + W], cache)`.
+    `path`: "not compiled yet", "compiled" or "eager (why)"."""
+
+    def __init__(self, step):
+        self.step = step  # the draft's `CompiledStep` (its settings, tables and check)
+        self.fn = None
+        self.path = "not compiled yet"
+        self.seconds = 0.0
+
+    def prepare(self, say: Callable[[str], None] | None = None) -> str:
+        """Compile once (a no-op afterwards); returns `path`."""
+        if self.path != "not compiled yet":
+            return self.path
+        from hfspec.kernels.compiled import _end_compile_workers, _ticker
+
+        say = _safe(say or self.step.say)
+        began = time.perf_counter()
+        say("compiling the draft's tree level (once; kept on disk for the next run)…")
+        decoder = self.step.decoder
+        cache = decoder.hfspec_new_cache()
+        cache.reserve(1, 2 * EXAMPLE_WIDTH)
+        for tensor in cache.keys + cache.values:
+            torch._dynamo.mark_dynamic(tensor, 2)
+        args = _level_args(torch.zeros(1, EXAMPLE_WIDTH, dtype=torch.long), torch.arange(1, 1 + EXAMPLE_WIDTH), 1,
+                           torch.ones(EXAMPLE_WIDTH, 1 + EXAMPLE_WIDTH, dtype=torch.bool), cache, self.step.tables)
+        for tensor, dim in zip(args[:4], (1, 0, 0, 0), strict=True):
+            torch._dynamo.mark_dynamic(tensor, dim)
+        torch._dynamo.mark_dynamic(args[3], 1)
+        for table in self.step.tables:  # grown (doubled) by `level` when a position passes its end
+            torch._dynamo.mark_dynamic(table, 0)
+        try:
+            with _ticker(say, began, what="the draft's tree level"):
+                self.fn = self.step._checked("level", args, self.step.patch)
+                self._warm_up()
+            self.path = "compiled"
+        except Exception as error:  # noqa: BLE001 - tree levels keep the eager lean step, saying why
+            self.fn = None
+            self.path = f"eager (compile failed: {first_line(error)})"
+            warnings.warn(f"draft tree level: torch.compile failed ({first_line(error)}); tree levels run the eager "
+                          "lean step", RuntimeWarning, stacklevel=2)
+        _end_compile_workers()
+        self.seconds = time.perf_counter() - began
+        say(f"draft tree level: {self.path} ({self.seconds:.1f} s)")
+        return self.path
+
+    @torch.no_grad()
+    def level(self, ids: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor, cache) -> torch.Tensor:
+        """Logits [1, W, V] of W nodes ids [1, W] at rotary `positions` [W], written at the next W cache slots,
+        node i seeing the slots row i of `allowed` [W, cache.length + W] marks."""
+        start = cache.length
+        count = ids.shape[1]
+        top = int(positions.max()) + 1
+        if top > self.step.tables[0].shape[0]:
+            self.step.tables = self.step.decoder.rotary_tables(2 * top)
+        logits = self.fn(*_level_args(ids, positions, start, allowed, cache, self.step.tables))
+        cache.length = start + count
+        return logits[:, :count]
+
+    def _warm_up(self) -> None:
+        """Widths 2 (a padded one-node level) to 8 across a cache growth, on scratch caches."""
+        from hfspec.kernels.lean_cache import CACHE_CHUNK
+
+        decoder = self.step.decoder
+        for width, start in ((1, 1), (4, 3), (8, CACHE_CHUNK - 3)):
+            cache = decoder.hfspec_new_cache()
+            cache.reserve(1, start)
+            cache.length = start
+            self.level(torch.zeros(1, width, dtype=torch.long), torch.arange(start, start + width),
+                       torch.ones(width, start + width, dtype=torch.bool), cache)
+
+
+def _level_args(ids: torch.Tensor, positions: torch.Tensor, start: int, allowed: torch.Tensor, cache,
+                tables: list[torch.Tensor]) -> tuple:
+    """`LeanDecoder.level`'s arguments for W nodes after `start` cached slots, padded to two nodes: a padding node
+    sees only its own slot (past the real ones, beyond what the cache keeps)."""
+    count = ids.shape[1]
+    width = max(count, 2)
+    end = start + width
+    cache.reserve(1, end)
+    seen = torch.zeros(width, cache.keys[0].shape[2], dtype=torch.bool)
+    seen[:count, : start + count] = allowed
+    pad_ids = torch.zeros(1, width, dtype=torch.long)
+    pad_ids[:, :count] = ids
+    pad_positions = torch.empty(width, dtype=torch.long)
+    pad_positions[:count] = positions.view(-1)
+    pad_positions[count:] = pad_positions[count - 1]
+    for k in range(count, width):
+        seen[k, start + k] = True
+    return pad_ids, torch.arange(start, end), pad_positions, seen, tables, cache.keys, cache.values
+
+
+def _safe(say: Callable[[str], None]) -> Callable[[str], None]:
+    """`say` that never raises (a progress callback from the draft's build may be gone by the first tree run)."""
+
+    def call(message: str) -> None:
+        try:
+            say(message)
+        except Exception:  # noqa: BLE001 - progress only
+            pass
+
+    return call
