@@ -32,6 +32,7 @@ from hfspec.errors import HfspecError
 from hfspec.io import memory
 from hfspec.io.loading import load_model, load_tokenizer, parse_dtype
 from hfspec.kernels import fast_linear, verify_linear
+from hfspec.kernels.compiled_tree import prepare_tree_level
 from hfspec.live import ROLLING_WINDOW, IncrementalDecoder, LiveBuffer, LiveRecorder, LiveSnapshot
 from hfspec.measure.results import STOP_REASONS, Baseline, CompareRow, RunResult, SweepPoint, SweepResult
 from hfspec.measure.ruler import Measurement, Sample, measure_speedup
@@ -182,6 +183,8 @@ class Session:
         settings.validated()
         target, draft, tokenizer = self.load(settings, progress, should_stop)
         ids = self.encode(settings, tokenizer)
+        if settings.tree == "auto":  # a compiled draft's tree level compiles here, with progress, not inside the run
+            prepare_tree_level(draft, _guarded(progress, should_stop))
         live = LiveRecorder(IncrementalDecoder(tokenizer, ids[0].tolist()), on_live)
         out = generate(target, ids, draft=draft, on_round=live, should_stop=should_stop,
                               **settings.generate_kwargs())

@@ -102,6 +102,7 @@ def test_a_tree_run_grows_its_levels_through_the_compiled_level_and_keeps_the_gr
     out = hfspec.generate(target, ids, draft, tree=TreeShape(12, 4, 3, 3), **kw)
     assert torch.equal(out.sequences, hfspec.plain_generate(target, ids, **kw).sequences)
     assert level.path == "compiled" and widths and max(widths) > 1
+    assert out.stats.time_total < level.seconds  # compiled on this first tree run, before its clock started
     assert out.stats.draft_forwards >= len(widths)
 
 

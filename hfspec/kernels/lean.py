@@ -289,10 +289,9 @@ class LeanDecoder(nn.Module):
 
     def level(self, input_ids: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, seen: torch.Tensor,
               tables: list[torch.Tensor], keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
-        """Logits [1, W, V] of a token tree's level: W nodes (input_ids [1, W]) written at cache slots `slots` [W],
-        at rotary positions `positions` [W], node i attending to the slots row i of `seen` [W, S] marks (S: every
-        preallocated slot). Full attention only (token trees refuse sliding-window models). The compiled form
-        (`CompiledStep.level`) pads W to a fixed width."""
+        """Logits [1, W, V] of a token tree's level: W nodes (input_ids [1, W]) written at cache slots `slots` [W], at
+        rotary positions `positions` [W], node i seeing the slots row i of `seen` [W, S] marks (S: every cache slot;
+        full attention: trees refuse sliding windows). Compiled: `hfspec.kernels.compiled_tree`."""
         h = F.embedding(input_ids, self.embed_table).float()
         if self.embed_scale is not None:
             h = h * self.embed_scale
