@@ -10,9 +10,9 @@ against torch's 1.00, and 4.00 ms for 16 rows against 6.83 (`benchmarks/bench_le
 kernel,int4 torch"`, benchmarks/results/xeon-noamx-2c-2026-12-06-level-rows-int4.md). The draft's q changes only by float rounding (fp32 activations where torch rounds them to
 bf16): a proposal, so the output law is untouched.
 
-Used by the lean draft step's int4 matrices for 1..`MAX_ROWS` rows in eager calls (one-token steps of an
-uncompiled draft, catch-up feeds, tree levels, short prompts); a compiled step keeps torch's kernel, which inductor
-knows, and is checked against an eager step that runs torch's kernel too (`as_compiled`): torch's kernel rounds
+Used by the lean draft step's int4 matrices for 1..`MAX_ROWS` rows in eager calls (one-token steps and tree
+levels of an uncompiled draft, catch-up feeds, short prompts); a compiled step (and tree level) keeps torch's
+kernel, which inductor knows, and is checked against an eager step that runs torch's kernel too (`as_compiled`): torch's kernel rounds
 the activations to bf16, so over SmolLM2's 30 layers the two kernels' logits differ by more than the check allows
 a miscompile (0.27 at a logit of 1.37), and a compiled step checked against this kernel's eager step was refused:
 every `-compiled` 4-bit draft of a real-sized model decoded eagerly until the check took `as_compiled`.
