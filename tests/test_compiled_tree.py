@@ -5,6 +5,8 @@ compile. One inductor folder per module (as tests/test_compiled.py)."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from tiny_models import build, sharpen
@@ -125,6 +127,28 @@ def test_a_tree_level_that_cannot_compile_keeps_the_eager_level(own_cache, monke
     assert level.fn is None and level.path.startswith("eager (compile failed: ") and "no tree levels" in level.path
     assert draft.compiled_step.fn is not None  # the one-token step stands
     assert torch.equal(out.sequences, hfspec.plain_generate(target, ids, **kw).sequences)
+
+
+def test_a_tree_level_whose_first_compile_fails_is_compiled_again_without_the_caches(own_cache, monkeypatch):
+    """A compile killed midway can leave a truncated artefact that breaks loading it: the second try bypasses
+    inductor's caches (and succeeds); the warning path is not taken."""
+    checked = compiled.CompiledStep._checked
+    patches = []
+
+    def once_broken(self, name, args, patch):
+        if name == "level":
+            patches.append(patch)
+            if len(patches) == 1:
+                raise RuntimeError("truncated artefact")
+        return checked(self, name, args, patch)
+
+    monkeypatch.setattr(compiled.CompiledStep, "_checked", once_broken)
+    target = build("llama", seed=6, init=0.2)
+    level = make_draft(target, "rtn4-compiled").compiled_step.tree_level
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert level.prepare() == "compiled"
+    assert len(patches) == 2 and not patches[0].get("force_disable_caches") and patches[1]["force_disable_caches"]
 
 
 def test_auto_prices_a_level_by_what_runs_it(own_cache, monkeypatch):

@@ -1,13 +1,15 @@
 """A compiled token-tree level for compiled lean drafts (`-compiled` specs): `LeanDecoder.level` (W nodes at explicit
 positions, a tree mask over every preallocated cache slot) through `torch.compile`, one graph for every width from
 2 to `LEVEL_MAX` (the width is a dynamic dimension; a one-node level is padded to two). Without it a tree level ran
-the eager lean step, 1.5-1.9x a compiled step on the 2-core VMs whatever its width (benchmarks/bench_tree.py
---eager-levels measures the difference end to end).
+the eager lean step (benchmarks/bench_tree.py --eager-levels measures the difference end to end).
 
-It is compiled the first time a run grows a token tree with the draft (`CompiledStep.tree_level`), not when the
-draft is built: chain runs never pay for it. Inductor keeps the artefact on disk beside the step's, so later
-processes load it in seconds; like the step, it is checked against the eager level and, where it cannot compile,
-tree levels keep the eager lean step (`path` says why; nothing else changes).
+It is compiled the first time a run grows a token tree with the draft (`CompiledStep.tree_level`; the dashboard and
+`hfspec run` do it before a tree run starts, with progress), not when the draft is built: chain runs never pay for
+it. Inductor keeps the artefact on disk beside the step's, so later processes load it in seconds. Like the step, it
+is checked against the eager level; a failed compile is tried again without inductor's caches (a compile killed
+midway may leave a truncated artefact), and where it still cannot compile, tree levels keep the eager lean step
+(`path` says why; nothing else changes). On the no-AMX Xeon a compiled level of 1-4 nodes cost 1.2-1.8 one-token
+steps against the eager level's 1.5-2.1; at 8 nodes both about 3 (benchmarks/bench_tree_level.py).
 """
 
 from __future__ import annotations
@@ -55,15 +57,22 @@ class CompiledLevel:
         torch._dynamo.mark_dynamic(args[3], 1)
         for table in self.step.tables:  # grown (doubled) by `level` when a position passes its end
             torch._dynamo.mark_dynamic(table, 0)
-        try:
-            with Ticker(say, began, what="the draft's tree level"):
-                self.fn = self.step._checked("level", args, self.step.patch)
-                self._warm_up()
-            self.path = "compiled"
-        except Exception as error:  # noqa: BLE001 - tree levels keep the eager lean step, saying why
-            self.fn = None
-            self.path = f"eager (compile failed: {first_line(error)})"
-            warnings.warn(f"draft tree level: torch.compile failed ({first_line(error)}); tree levels run the eager "
+        errors = []
+        # as the step's settings (its cached artefacts); then bypassing inductor's caches, which a compile killed
+        # midway may have left a truncated artefact in
+        for patch in (self.step.patch, {**self.step.patch, "force_disable_caches": True}):
+            try:
+                with Ticker(say, began, what="the draft's tree level"):
+                    self.fn = self.step._checked("level", args, patch)
+                    self._warm_up()
+                self.path = "compiled"
+                break
+            except Exception as error:  # noqa: BLE001 - tree levels keep the eager lean step, saying why
+                self.fn = None
+                errors.append(first_line(error))
+        if self.fn is None:
+            self.path = f"eager (compile failed: {errors[-1]})"
+            warnings.warn(f"draft tree level: torch.compile failed ({'; '.join(errors)}); tree levels run the eager "
                           "lean step", RuntimeWarning, stacklevel=2)
         end_compile_workers()
         self.seconds = time.perf_counter() - began
