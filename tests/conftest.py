@@ -28,6 +28,22 @@ def _threads():
     torch.set_num_threads(1)  # tiny models: one thread is fastest and robust to a busy machine
 
 
+@pytest.fixture(scope="module")
+def compile_dir(tmp_path_factory):
+    """One inductor folder per test module: later compiles of the same graph shapes in a module hit it."""
+    return tmp_path_factory.mktemp("inductor")
+
+
+@pytest.fixture
+def own_cache(compile_dir, monkeypatch):
+    """Inductor's artefacts go to the module's folder (never the user's ~/.cache)."""
+    from hfspec.kernels import compiled
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setattr(compiled, "COMPILE_DIR", compile_dir)
+    return compile_dir
+
+
 def shared_model(name: str) -> Path:
     """Path of a model under ../shared/models, or skip the test when it is absent."""
     path = SHARED / name

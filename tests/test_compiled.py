@@ -27,19 +27,6 @@ from hfspec.kernels.lean_cache import CACHE_CHUNK
 MICRO = Path(__file__).resolve().parents[1] / "presets" / "models" / "micro"
 
 
-@pytest.fixture(scope="module")
-def compile_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("inductor")
-
-
-@pytest.fixture
-def own_cache(compile_dir, monkeypatch):
-    """Inductor's artefacts go to a folder of this module (never the user's ~/.cache)."""
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    monkeypatch.setattr(compiled, "COMPILE_DIR", compile_dir)
-    return compile_dir
-
-
 def _steps(draft: LeanDecoder, ids: torch.Tensor, prompt: int) -> torch.Tensor:
     """Logits of each token after `prompt`, fed one at a time (the compiled path when the draft has one)."""
     cache = draft.hfspec_new_cache()

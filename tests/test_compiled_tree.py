@@ -1,7 +1,7 @@
 """A compiled draft's token-tree level (`hfspec.kernels.compiled_tree`): compiled on the first tree run, it gives the
 eager lean level's logits at every width (one node padded to two, across a cache growth), keeps the cache the eager
 level keeps, decodes the target's greedy text, and falls back to the eager level, saying why, when it cannot
-compile. One inductor folder per module (as tests/test_compiled.py)."""
+compile. One inductor folder per module (the `own_cache` fixture, tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -18,18 +18,6 @@ from hfspec.decoding.tree_shape import TreeShape
 from hfspec.drafts import make_draft
 from hfspec.kernels import compiled, compiled_tree
 from hfspec.kernels.lean_cache import CACHE_CHUNK
-
-
-@pytest.fixture(scope="module")
-def compile_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("inductor")
-
-
-@pytest.fixture
-def own_cache(compile_dir, monkeypatch):
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    monkeypatch.setattr(compiled, "COMPILE_DIR", compile_dir)
-    return compile_dir
 
 
 def _level_mask(start: int, parents: list[int]) -> torch.Tensor:

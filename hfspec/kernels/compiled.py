@@ -72,10 +72,8 @@ class CompiledStep:
     def __call__(self, input_ids: torch.Tensor, slot: int, cache) -> torch.Tensor:
         """Logits [1, 1, V] of input_ids [1, 1] at cache slot `slot`, which is also its position."""
         cache.reserve(1, slot + 1)
-        if slot >= self.tables[0].shape[0]:
-            self.tables = self.decoder.rotary_tables(2 * slot)
         ids = torch.empty(1, 1, dtype=torch.long).copy_(input_ids)  # fixed strides: a slice of the slots would recompile
-        logits = self.fn(ids, torch.tensor([slot]), self.tables, cache.keys, cache.values)
+        logits = self.fn(ids, torch.tensor([slot]), self.tables_for(slot + 1), cache.keys, cache.values)
         cache.length = slot + 1
         return logits
 
@@ -84,12 +82,28 @@ class CompiledStep:
         positions too) in one compiled call."""
         end = slot + PAIR
         cache.reserve(1, end)
-        if end > self.tables[0].shape[0]:
-            self.tables = self.decoder.rotary_tables(2 * end)
         ids = torch.empty(1, PAIR, dtype=torch.long).copy_(input_ids)
-        logits = self.fn_pair(ids, torch.arange(slot, end), self.tables, cache.keys, cache.values)
+        logits = self.fn_pair(ids, torch.arange(slot, end), self.tables_for(end), cache.keys, cache.values)
         cache.length = end
         return logits
+
+    def tables_for(self, end: int) -> list[torch.Tensor]:
+        """The rotary tables the compiled graphs read, doubled past `end` when a position reaches their end (their
+        length is a dynamic dimension of every graph: `scratch_cache`)."""
+        if end > self.tables[0].shape[0]:
+            self.tables = self.decoder.rotary_tables(2 * end)
+        return self.tables
+
+    def scratch_cache(self, end: int):
+        """A fresh cache of at least `end` slots to compile on: its capacity, like the rotary tables' length, is a
+        dynamic dimension of the graph (one graph for every cache size and position)."""
+        cache = self.decoder.hfspec_new_cache()
+        cache.reserve(1, end)
+        for tensor in cache.keys + cache.values:
+            torch._dynamo.mark_dynamic(tensor, 2)
+        for table in self.tables:
+            torch._dynamo.mark_dynamic(table, 0)
+        return cache
 
     def _compile(self, say: Callable[[str], None]) -> None:
         owned = _inductor_dir_unchosen()
@@ -173,17 +187,10 @@ class CompiledStep:
 
     def _compile_once(self, no_cache: bool, wrapper: bool) -> None:
         """Compile on a scratch cache and check the result against the eager one-token step."""
-
-        decoder = self.decoder
-        cache = decoder.hfspec_new_cache()
-        cache.reserve(1, 2)
-        for tensor in cache.keys + cache.values:
-            torch._dynamo.mark_dynamic(tensor, 2)  # one graph for every cache capacity
+        self.tables = self.decoder.rotary_tables(1)  # grown (doubled) by `tables_for` when a position passes its end
+        cache = self.scratch_cache(2)
         ids = torch.zeros(1, 1, dtype=torch.long)
         slot = torch.zeros(1, dtype=torch.long)
-        self.tables = decoder.rotary_tables(1)  # grown (doubled) by __call__ when a slot passes its end
-        for table in self.tables:
-            torch._dynamo.mark_dynamic(table, 0)
         # dynamic threads: the artefact is the same whatever torch's thread count (else part of its cache key)
         patch = {"force_disable_caches": no_cache, "cpp.dynamic_threads": True, "cpp_wrapper": wrapper}
         self.fn = self._checked("one_token", (ids, slot, self.tables, cache.keys, cache.values), patch)

@@ -45,18 +45,12 @@ class CompiledLevel:
         say = _safe(say or self.step.say)
         began = time.perf_counter()
         say("compiling the draft's tree level (once; kept on disk for the next run)…")
-        decoder = self.step.decoder
-        cache = decoder.hfspec_new_cache()
-        cache.reserve(1, 2 * EXAMPLE_WIDTH)
-        for tensor in cache.keys + cache.values:
-            torch._dynamo.mark_dynamic(tensor, 2)
+        cache = self.step.scratch_cache(2 * EXAMPLE_WIDTH)
         args = _level_args(torch.zeros(1, EXAMPLE_WIDTH, dtype=torch.long), torch.arange(1, 1 + EXAMPLE_WIDTH), 1,
                            torch.ones(EXAMPLE_WIDTH, 1 + EXAMPLE_WIDTH, dtype=torch.bool), cache, self.step.tables)
         for tensor, dim in zip(args[:4], (1, 0, 0, 0), strict=True):
             torch._dynamo.mark_dynamic(tensor, dim)
-        torch._dynamo.mark_dynamic(args[3], 1)
-        for table in self.step.tables:  # grown (doubled) by `level` when a position passes its end
-            torch._dynamo.mark_dynamic(table, 0)
+        torch._dynamo.mark_dynamic(args[3], 1)  # the cache's capacity, as in the cache
         errors = []
         # as the step's settings (its cached artefacts); then bypassing inductor's caches, which a compile killed
         # midway may have left a truncated artefact in
@@ -85,10 +79,8 @@ class CompiledLevel:
         node i seeing the slots row i of `allowed` [W, cache.length + W] marks."""
         start = cache.length
         count = ids.shape[1]
-        top = int(positions.max()) + 1
-        if top > self.step.tables[0].shape[0]:
-            self.step.tables = self.step.decoder.rotary_tables(2 * top)
-        logits = self.fn(*_level_args(ids, positions, start, allowed, cache, self.step.tables))
+        tables = self.step.tables_for(int(positions.max()) + 1)
+        logits = self.fn(*_level_args(ids, positions, start, allowed, cache, tables))
         cache.length = start + count
         return logits[:, :count]
 
