@@ -10,7 +10,9 @@ the one-token step with its interval, and the slope (ratio − 1) / (w − 1): t
 in one-token steps. A dtype written `float32+prepack` is fp32 with `hfspec.kernels.fast_linear.prepack` (oneDNN's
 blocked copy of every linear weight for calls of two rows or more; the one-token step is unchanged), and
 `float32+rows` is fp32 with its linears routed through the few-row kernel (`hfspec.kernels.verify_linear`, as a
-speculative decode runs them; one-row calls keep F.linear).
+speculative decode runs them; one-row calls keep F.linear). `float32+lean` times the lean target
+(`hfspec.kernels.lean_target`: the target's own weights through hfspec's lean decoder, its linears through the
+few-row kernel) at every width, over the HF forward's one-token step (plain decoding's), in the same rounds.
 """
 
 from __future__ import annotations
@@ -31,13 +33,14 @@ from common import (
     write_results,
 )
 
-from hfspec.kernels import verify_linear
+from hfspec.kernels import lean_target, verify_linear
 
 
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
     p.set_defaults(models="smollm2-offgrid")
-    p.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated; float32+prepack: fp32 prepacked; float32+rows, bfloat16+rows: the few-row kernel")
+    p.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated; float32+prepack: fp32 prepacked; float32+rows, bfloat16+rows: the few-row kernel; "
+                   "float32+lean: the lean target")
     p.add_argument("--widths", default="1,2,5,8,16,24,32")
     p.add_argument("--context", type=int, default=64)
     p.add_argument("--steps", type=int, default=30)
@@ -56,15 +59,21 @@ def main() -> None:
             ids = torch.randint(0, target.config.vocab_size, (1, args.context + max(widths)),
                                 generator=torch.Generator().manual_seed(0))
             timers = {f"w{w}": step_timer(target, ids, args.context, w) for w in widths}
+            lean = "l" if dtype.endswith("+lean") else "w"  # the lean rows' timer names: l1, l2, ...
+            if lean == "l":
+                decoder, why = lean_target.built(target)
+                if decoder is None:
+                    raise SystemExit(f"{dtype}: {why}")
+                timers = {"w1": timers["w1"]} | {f"l{w}": step_timer(decoder, ids, args.context, w) for w in widths}
             with verify_linear.installed(target) if dtype.endswith("+rows") else nullcontext() as routed:
                 if dtype.endswith("+rows") and not routed:
                     raise SystemExit(f"{dtype}: {verify_linear.status()}")
                 timings = time_operators(timers, args.steps, baseline="w1")
             verdict = verdict_cell(verdict_columns(timings))
             for w in widths:
-                ratio = time_ratio(timings, f"w{w}", "w1") if w > 1 else None
-                slope = (ratio.median - 1) / (w - 1) if ratio else None
-                row = {"model": name, "dtype": dtype, "positions": w, "ms": op_ms(timings, f"w{w}").median,
+                ratio = time_ratio(timings, f"{lean}{w}", "w1") if w > 1 or lean == "l" else None
+                slope = (ratio.median - 1) / (w - 1) if ratio and w > 1 else None
+                row = {"model": name, "dtype": dtype, "positions": w, "ms": op_ms(timings, f"{lean}{w}").median,
                        "ratio": ratio.median if ratio else 1.0, "ratio_low": ratio.low if ratio else 1.0,
                        "ratio_high": ratio.high if ratio else 1.0, "slope": slope}
                 rows.append(row)

@@ -45,7 +45,7 @@ def stats_lines(stats: SpecStats, baseline=None, measured_speedup: float | None 
     lines = [
         f"γ                        {s.gamma} (mean {s.mean_gamma:.2f})"
         + (f"; priced by this machine's cost profile {s.cost_profile}" if s.cost_profile else ""),
-        f"target passes            {s.target_passes}",
+        f"target passes            {s.target_passes}" + (f" ({s.target_path})" if s.target_path else ""),
         f"new tokens               {s.new_tokens}" + (f" (ended: {STOP_WORDS.get(s.stop_reason, s.stop_reason)})"
                                                        if s.stop_reason else ""),
         f"draft tokens             proposed {s.proposed}, checked {s.checked}, accepted {s.accepted}",

@@ -83,6 +83,8 @@ API_CASES = {
                              attention_mask=torch.tensor([[0, 0, 0], [1, 1, 1]])), "attention_mask"),
     "return_dict_in_generate False": (dict(return_dict_in_generate=False), "return_dict_in_generate"),
     "stop_strings without tokenizer": (dict(temperature=0, stop_strings=["w"]), "stop_strings"),
+    "plain through generate": (dict(temperature=0, plain=True), "plain"),  # was passed on, then hidden
+    "draft_model through generate": (dict(temperature=0, draft_model=None), "draft_model"),
 }
 
 

@@ -20,6 +20,8 @@ from hfspec.drafts.base import Pick
 class Chain:
     """The plain chain: nothing to check, no state between rounds."""
 
+    lean_target = True  # its passes may run through the lean target (`hfspec.decoding.verifier.Verifier`)
+
     def check(self, target: torch.nn.Module, run: RoundState) -> None:
         """Every target and draft can run a chain."""
 

@@ -21,15 +21,16 @@ from hfspec.decoding.chain import Chain
 from hfspec.decoding.costmodel import RoundMeter, time_one_token_steps
 from hfspec.decoding.coupling import GumbelNoise
 from hfspec.decoding.gamma import GammaPolicy
-from hfspec.decoding.priors import verify_floor
+from hfspec.decoding.priors import LEAN_TARGET_FLOOR, verify_floor
 from hfspec.decoding.round import Committed, Proposal, Verdict
 from hfspec.decoding.scoring import Scorer
 from hfspec.decoding.stats import RoundEvent, SpecStats
 from hfspec.decoding.stopping import Stopper
 from hfspec.decoding.verifier import Verifier
-from hfspec.drafts.base import Draft, NoDraft, attach_draft
-from hfspec.kernels import verify_linear
+from hfspec.drafts.base import AttachesToTarget, Draft, NoDraft, attach_draft
+from hfspec.kernels import lean_target, verify_linear
 from hfspec.kernels.kv_model import CachedModel, Runner
+from hfspec.kernels.lean import LeanRunner
 from hfspec.kernels.slots import Slots
 
 
@@ -71,6 +72,8 @@ def decode(target: torch.nn.Module, draft: Draft | None, input_ids: torch.Tensor
         run = Run(target, draft, input_ids, attention_mask, job)
         if routed:  # verify passes may cost less than plain decoding's step: the plausibility check's bound says so
             run.stats.verify_floor = verify_floor(run.stats.target_dtype)
+        if isinstance(run.target, LeanRunner) and job.target_runner is None:  # cheaper still: the lean target's
+            run.stats.verify_floor = min(run.stats.verify_floor, LEAN_TARGET_FLOOR)
         while run.active:
             if run.user_stopped():
                 break
@@ -82,6 +85,19 @@ def decode(target: torch.nn.Module, draft: Draft | None, input_ids: torch.Tensor
             # the round's costs, for `hfspec.decoding.costmodel`, and the tokens it committed
             run.meter.end(proposal.gamma, sum(done.accepted), max(0, sum(map(len, run.out)) - before))
         return run.finish()
+
+
+def target_runner(target, draft: Draft, batch: int, verifier: Verifier, stats: SpecStats) -> Runner:
+    """The target's runner for a decode: the lean decoder over its own weights where a speculative decode's
+    verifier can score through it (`hfspec.kernels.lean_target`; not a plain decode, whose baseline is the HF
+    forward, nor a draft that shares the target's runner), else the HF forward with its KV cache.
+    `stats.target_path` says which, and why not the lean one."""
+    if isinstance(draft, NoDraft | AttachesToTarget) or not getattr(verifier, "lean_target", False):
+        stats.target_path = "HF forward"
+        return CachedModel(target)
+    runner, path = lean_target.runner_for(target, batch)
+    stats.target_path = path if runner is not None else f"HF forward ({path})"
+    return runner if runner is not None else CachedModel(target)
 
 
 class Run:
@@ -101,7 +117,7 @@ class Run:
         self.stats.gamma, self.stats.batch_size = (self.policy.label if self.speculative else 0), batch
         self.stats.stop_reasons = [""] * batch
         self.slots = Slots(input_ids, attention_mask)
-        self.target = job.target_runner or CachedModel(target)
+        self.target = job.target_runner or target_runner(target, self.draft, batch, job.verifier, self.stats)
         attach_draft(self.draft, self.target)
         self.meter = RoundMeter(self.stats.costs, self.target, self.draft)
         job.verifier.check(target, self)  # (a compiled draft's tree level compiles here once: not timed)

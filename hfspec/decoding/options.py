@@ -28,11 +28,18 @@ _ASSISTED_OPTIONS = ("prompt_lookup_num_tokens", "assistant_early_exit", "use_mt
 _OUTPUT_OPTIONS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
 
 
+_LOOP_OWN = {"plain": "plain decoding is hfspec.plain_generate", "draft_model": "the draft is draft=",
+             "hfspec_request": "hfspec builds it"}
+
+
 def check_generate_kwargs(input_ids, temperature, generation_kwargs: dict) -> dict:
     """`hfspec.generate` / `plain_generate` keywords, checked before any model runs (`temperature` already checked
     by `validate.check_temperature`); returns them without `return_dict_in_generate` (the result is always a
     SpeculativeOutput)."""
     kwargs = dict(generation_kwargs)
+    for name, instead in _LOOP_OWN.items():  # the loop's own parameters: passed on, `hfspec_request` would hide them
+        if name in kwargs:
+            raise bad_value(name, kwargs[name], f"left out of hfspec.generate / plain_generate ({instead})")
     if kwargs.pop("return_dict_in_generate", True) is not True:
         raise bad_value("return_dict_in_generate", generation_kwargs["return_dict_in_generate"],
                         "True or left out (hfspec.generate returns a SpeculativeOutput; use .sequences)")

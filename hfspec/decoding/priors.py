@@ -248,6 +248,10 @@ def verify_prior(n: int, device: str = "cpu", dtype: str = "float32") -> float:
 # The least a kernel pass of 2 or more positions was timed at alone, where the curve above is not those points (the
 # EPYC's bf16 curve is decoding's line): 3 positions 0.57 of a step (6 December, …-verify-width-rows-pairs.md).
 VERIFY_FLOOR_PRIOR = {("cpu", "bfloat16+rows"): 0.57}
+# The least a pass through the lean target (`hfspec.kernels.lean_target`) costs in the HF forward's one-token steps:
+# one position 0.80 of a step, five 0.76 of the HF forward's 5-position pass (SmolLM2-135M fp32, 2-core Xeon
+# without AMX, 7 December 2026, a probe of 8 interleaved calls), so a bound a little under both.
+LEAN_TARGET_FLOOR = 0.7
 
 
 def verify_floor(dtype: str, device: str = "cpu") -> float:

@@ -99,6 +99,9 @@ class SpecStats:
     # the saved cost profile a seeded γ "auto" priced its rounds with (its file name under $HFSPEC_PROFILE_DIR,
     # `hfspec.decoding.profile`); "" where it used the priors, or γ was not "auto" with a seed
     cost_profile: str = ""
+    # what scored the target's passes: the lean decoder over its own weights, or "HF forward (why not the lean one)"
+    # (`hfspec.kernels.lean_target`)
+    target_path: str = ""
     stopped: bool = False
     stop_reasons: list[str] = field(default_factory=list)  # per row: eos | max_tokens | stop_criteria | user
     costs: CostRecord = field(default_factory=CostRecord)  # per-round seconds, for the cost model
@@ -241,6 +244,7 @@ class SpecStats:
         out.target_dtype = other.target_dtype or self.target_dtype
         out.verify_floor = min(self.verify_floor, other.verify_floor)
         out.cost_profile = self.cost_profile if self.cost_profile == other.cost_profile else "mixed"
+        out.target_path = self.target_path if self.target_path == other.target_path else "mixed"
         out.stopped = self.stopped or other.stopped
         out.stop_reasons = self.stop_reasons + other.stop_reasons
         out.costs = self.costs.merge(other.costs)

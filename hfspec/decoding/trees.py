@@ -66,6 +66,8 @@ class DynamicTree:
     """The token-tree `Verifier` and its per-run state: a fixed `TreeShape`, or `AutoShape` for "auto" (which
     runs a round as the plain chain where a tree does not pay: `choice`, `hfspec.decoding.tree_choice`)."""
 
+    lean_target = True  # the lean target scores a tree level in one call (`tree_forward.forward_level`)
+
     def __init__(self, shape: TreeShape | AutoShape, gamma_auto: bool = False):
         self.shape = shape
         # live acceptance by depth and rank: orders candidates at T > 0 (a first-drawn child is the likeliest

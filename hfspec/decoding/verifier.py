@@ -71,7 +71,9 @@ class RoundState(Protocol):
 
 @runtime_checkable
 class Verifier(Protocol):
-    """How one round proposes and verifies (module doc). Per-run state: build one per `decode`."""
+    """How one round proposes and verifies (module doc). Per-run state: build one per `decode`. Optional:
+    `lean_target = True` where its target passes go only through `Runner.feed` or `tree_forward`, so that the
+    lean target (`hfspec.kernels.lean_target`) may score them; absent, the HF forward does."""
 
     def check(self, target: torch.nn.Module, run: RoundState) -> None:
         """Refuse, naming the setting, a target or draft this verifier cannot serve (before any model runs)."""

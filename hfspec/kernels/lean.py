@@ -7,7 +7,7 @@ precomputed table, a preallocated KV cache whose rollback is a length, SDPA, one
 Weights are RTN codes in groups (2-4 bits run the CPU int4 kernel; 5-8 bits are dequantised to bf16), codes
 given by a calibrated draft in the same format (`codes`), per-channel int8 run by the CPU int8 kernel (group size
 `hfspec.quant.int8.PER_CHANNEL`; `formats` gives chosen layers or the head such a format of their own), or the
-target's own float weights (bits=None).
+target's own float weights (bits=None; `shared`, the lean target's: not even fused, `hfspec.kernels.lean_target`).
 
 Families (read from the HF modules, not from names): Llama, Mistral, Qwen2 (QKV bias), Qwen3 (q/k norm),
 Gemma (1 + w norms, scaled embedding, GeLU), Gemma 2 / Gemma 3 text (sandwich norms, per-layer-type rotary,
@@ -43,6 +43,7 @@ from hfspec.kernels.lean_layers import (
     _norm_weight,
     _Unsupported,
 )
+from hfspec.kernels.shared_linear import SharedLinear
 from hfspec.quant.swap import replaceable_layers
 
 BUILD_PROGRESS_EVERY = 2.0  # seconds between "building the draft: layer i/N" messages
@@ -128,7 +129,7 @@ class LeanDecoder(nn.Module):
 
     def __init__(self, target: nn.Module, bits: int | None, group_size: int = 32, max_positions: int | None = None,
                  progress=None, head_top: int | None = None, codes: dict | None = None,
-                 formats: dict | None = None):
+                 formats: dict | None = None, shared: bool = False):
         super().__init__()
         why = lean_reason(target)
         if why is not None:
@@ -146,8 +147,9 @@ class LeanDecoder(nn.Module):
         # formats: "head" or a layer index -> (bits, group_size) of that unit, instead of (bits, group_size)
         formats = formats or {}
         head_bits, head_group = formats.get("head", (bits, group_size))
-        self.head = LeanLinear(head.weight if small else coded.get(id(head.weight), head.weight),
-                               getattr(head, "bias", None), None if small else head_bits, head_group, share=True)
+        self.head = SharedLinear([(head.weight, getattr(head, "bias", None))]) if shared else LeanLinear(
+            head.weight if small else coded.get(id(head.weight), head.weight), getattr(head, "bias", None),
+            None if small else head_bits, head_group, share=True)
         self.head_top = 0 if bits is None or small else min(HEAD_TOP if head_top is None else int(head_top),
                                                              self.vocab)
         # Plain attributes, not buffers: the target's own head, read K rows per position when re-scoring.
@@ -162,7 +164,7 @@ class LeanDecoder(nn.Module):
         self.embed_scale = float(scale.to(embed.weight.dtype)) if scale is not None else None
         self.final_norm, self.eps = _norm_weight(inner.norm, self.hidden)
         self.softcap = getattr(config, "final_logit_softcapping", None)
-        self.blocks = nn.ModuleList(_built_blocks(layers, bits, group_size, progress, coded, formats))
+        self.blocks = nn.ModuleList(_built_blocks(layers, bits, group_size, progress, coded, formats, shared))
         self.head_dim, self.kv_heads = self.blocks[0].head_dim, self.blocks[0].kv_heads
         self.max_positions = max_positions or getattr(config, "max_position_embeddings", 4096) or 4096
         self._rotary = inner.rotary_emb
@@ -258,10 +260,8 @@ class LeanDecoder(nn.Module):
 
     def one_token(self, input_ids: torch.Tensor, slot: torch.Tensor, tables: list[torch.Tensor],
                   keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
-        """Logits [1, 1, V] of one token written at cache slot `slot` ([1] long, its position too: no holes),
-        attending over every preallocated slot through a mask: the same shapes at every step, for
-        `torch.compile`. `tables`: `rotary_tables(n)`, the rotary factors (cos, sin) per entry of `rope_types`.
-        `tokens` of one token."""
+        """`tokens` of one token at cache slot `slot` ([1] long): the same shapes at every step, for `torch.compile`.
+        `tables`: `rotary_tables(n)`, the rotary factors (cos, sin) per entry of `rope_types`."""
         return self.tokens(input_ids, slot, tables, keys, values)
 
     def tokens(self, input_ids: torch.Tensor, slots: torch.Tensor, tables: list[torch.Tensor],
@@ -368,13 +368,13 @@ def lean_step_of(model: nn.Module) -> LeanDecoder | None:
 
 
 def _built_blocks(layers, bits: int | None, group_size: int, progress, codes: dict,
-                  formats: dict | None = None) -> list[_Block]:
+                  formats: dict | None = None, shared: bool = False) -> list[_Block]:
     """One `_Block` per decoder layer, saying how far it got every BUILD_PROGRESS_EVERY seconds (big targets
     take a while)."""
     say = progress or (lambda message: None)
     blocks, began, shown = [], time.perf_counter(), 0.0
     for i, layer in enumerate(layers):
-        blocks.append(_Block(layer, *(formats or {}).get(i, (bits, group_size)), codes))
+        blocks.append(_Block(layer, *(formats or {}).get(i, (bits, group_size)), codes, shared))
         spent = time.perf_counter() - began
         if spent - shown >= BUILD_PROGRESS_EVERY or (i + 1 == len(layers) and shown):
             say(f"building the draft: layer {i + 1}/{len(layers)} ({spent:.0f} s)")

@@ -15,6 +15,7 @@ from torch import nn
 
 from hfspec.kernels import int4_rows
 from hfspec.kernels.lean_attention import attend_many, attend_one, rotate
+from hfspec.kernels.shared_linear import SharedLinear, pair_columns, pair_rotary_rows
 from hfspec.quant import groupwise, int8, packing
 from hfspec.quant.calibrate import Coded
 from hfspec.quant.modules import FUSED_GROUP_SIZES
@@ -261,21 +262,11 @@ def _layer_type(config, index: int):
     return types[index] if types else None
 
 
-def _pair_rotary_rows(w: torch.Tensor | None, heads: int, head_dim: int, rot: int) -> torch.Tensor | None:
-    """Reorder each head's first `rot` rows from (0..R/2-1, R/2..R-1) to interleaved (0, R/2, 1, R/2+1, ...)."""
-    if w is None:
-        return None
-    half = rot // 2
-    order = torch.arange(head_dim)
-    order[:rot] = torch.stack([torch.arange(half), torch.arange(half) + half], dim=1).flatten()
-    index = (torch.arange(heads)[:, None] * head_dim + order[None]).flatten()
-    return w[index] if w.dim() >= 1 and w.shape[0] == heads * head_dim else w[order]
-
-
 class _Block(nn.Module):
     """One decoder layer's weights; `step()` returns its forward as a function with the fewest operators."""
 
-    def __init__(self, layer: nn.Module, bits: int | None, group_size: int, codes: dict | None = None):
+    def __init__(self, layer: nn.Module, bits: int | None, group_size: int, codes: dict | None = None,
+                 shared: bool = False):
         super().__init__()
         attn, mlp = layer.self_attn, layer.mlp
         coded = codes or {}
@@ -296,27 +287,31 @@ class _Block(nn.Module):
         d, nq, nkv = self.head_dim, self.heads, self.kv_heads
         rope = config.rope_parameters if isinstance(getattr(config, "rope_parameters", None), dict) else {}
         self.rot = int(d * rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)))
-        if hasattr(attn, "qkv_proj"):
-            w, b = parts(attn.qkv_proj)
-            wq, wk, wv = w.split([nq * d, nkv * d, nkv * d])
-            bq, bk, bv = (None, None, None) if b is None else b.split([nq * d, nkv * d, nkv * d])
+        # shared (the lean target): the target's own tensors, unfused and unpermuted (`hfspec.kernels.shared_linear`)
+        self.order = pair_columns(nq, nkv, d, self.rot) if shared else None
+
+        def linear(w, b):  # one matrix, or parts stacked along N: fused in a draft's copy, kept apart when shared
+            if shared:
+                return SharedLinear(list(zip(w, b or [None] * len(w), strict=True)) if isinstance(w, list)
+                                    else [(w, b)])
+            return LeanLinear(w, torch.cat(b) if isinstance(b, list) else b, bits, group_size)
+
+        if not shared:
+            self.qkv = LeanLinear(*self._paired_qkv(parts, attn), bits, group_size)
+        elif hasattr(attn, "qkv_proj"):
+            self.qkv = linear(*parts(attn.qkv_proj))
         else:
-            (wq, bq), (wk, bk), (wv, bv) = (parts(getattr(attn, n)) for n in ("q_proj", "k_proj", "v_proj"))
-        wq, bq = _pair_rotary_rows(wq, nq, d, self.rot), _pair_rotary_rows(bq, nq, d, self.rot)
-        wk, bk = _pair_rotary_rows(wk, nkv, d, self.rot), _pair_rotary_rows(bk, nkv, d, self.rot)
-        biases = [bq, bk, bv]
-        b = None if all(x is None for x in biases) else torch.cat([
-            x if x is not None else torch.zeros(n) for x, n in zip(biases, (nq * d, nkv * d, nkv * d), strict=True)])
-        self.qkv = LeanLinear([wq, wk, wv], b, bits, group_size)
-        self.o = LeanLinear(*parts(attn.o_proj), bits, group_size)
+            ws, bs = zip(*(parts(getattr(attn, n)) for n in ("q_proj", "k_proj", "v_proj")), strict=True)
+            self.qkv = linear(list(ws), list(bs))
+        self.o = linear(*parts(attn.o_proj))
         if hasattr(mlp, "gate_up_proj"):
             w, b = parts(mlp.gate_up_proj)
         else:
             (wg, bg), (wu, bu) = parts(mlp.gate_proj), parts(mlp.up_proj)
-            w, b = [wg, wu], (None if bg is None else torch.cat([bg, bu]))
+            w, b = [wg, wu], (None if bg is None else [bg, bu])
         self.inter = sum(part.shape[0] for part in ([w] if isinstance(w, torch.Tensor | Coded) else w)) // 2
-        self.gate_up = LeanLinear(w, b, bits, group_size)
-        self.down = LeanLinear(*parts(mlp.down_proj), bits, group_size)
+        self.gate_up = linear(w, b)
+        self.down = linear(*parts(mlp.down_proj))
         self.in_norm, self.eps = _norm_weight(layer.input_layernorm, hidden)
         post_attn, _ = _norm_weight(getattr(layer, "post_attention_layernorm", None), hidden)
         pre_ff, _ = _norm_weight(getattr(layer, "pre_feedforward_layernorm", None), hidden)
@@ -329,8 +324,24 @@ class _Block(nn.Module):
         k_norm, _ = _norm_weight(getattr(attn, "k_norm", None), d)
         self.qk_norm = None
         if q_norm is not None:  # one weight per head row [nq + nkv, D], permuted like the rows of W_q, W_k
-            q_norm, k_norm = _pair_rotary_rows(q_norm, 1, d, self.rot), _pair_rotary_rows(k_norm, 1, d, self.rot)
+            q_norm, k_norm = pair_rotary_rows(q_norm, 1, d, self.rot), pair_rotary_rows(k_norm, 1, d, self.rot)
             self.qk_norm = torch.cat([q_norm.expand(nq, d), k_norm.expand(nkv, d)])
+
+    def _paired_qkv(self, parts, attn) -> tuple[list, torch.Tensor | None]:
+        """Q, K, V weights (rows of W_q, W_k permuted for the rotary of pairs) and their fused bias."""
+        nq, nkv, d, rot = self.heads, self.kv_heads, self.head_dim, self.rot
+        if hasattr(attn, "qkv_proj"):
+            w, b = parts(attn.qkv_proj)
+            wq, wk, wv = w.split([nq * d, nkv * d, nkv * d])
+            bq, bk, bv = (None, None, None) if b is None else b.split([nq * d, nkv * d, nkv * d])
+        else:
+            (wq, bq), (wk, bk), (wv, bv) = (parts(getattr(attn, n)) for n in ("q_proj", "k_proj", "v_proj"))
+        wq, bq = pair_rotary_rows(wq, nq, d, rot), pair_rotary_rows(bq, nq, d, rot)
+        wk, bk = pair_rotary_rows(wk, nkv, d, rot), pair_rotary_rows(bk, nkv, d, rot)
+        biases = [bq, bk, bv]
+        b = None if all(x is None for x in biases) else torch.cat([
+            x if x is not None else torch.zeros(n) for x, n in zip(biases, (nq * d, nkv * d, nkv * d), strict=True)])
+        return [wq, wk, wv], b
 
     def linears(self) -> list[LeanLinear]:
         return [self.qkv, self.o, self.gate_up, self.down]
@@ -342,12 +353,14 @@ class _Block(nn.Module):
         in_norm, attn_out_norm, mlp_in_norm, mlp_out_norm = (self.in_norm, self.attn_out_norm, self.mlp_in_norm,
                                                              self.mlp_out_norm)
         qk_norm, scaling, gqa, rot, nqk = self.qk_norm, self.scaling, nq != nkv, self.rot, nq + nkv
+        order = self.order
         rms, sdpa = torch.rms_norm, F.scaled_dot_product_attention
 
         def forward(h, freqs, keys, values, start, end, mask):
             batch, steps, _ = h.shape
             x = rms(h, (hidden,), in_norm, eps).view(-1, hidden)
-            y = qkv(x).view(batch, steps, nqk + nkv, d)
+            y = qkv(x) if order is None else qkv(x).index_select(-1, order)
+            y = y.view(batch, steps, nqk + nkv, d)
             qk, v = y[:, :, :nqk], y[:, :, nqk:]
             if qk_norm is not None:
                 qk = rms(qk, (d,), None, eps) * qk_norm

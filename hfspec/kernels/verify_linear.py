@@ -167,6 +167,14 @@ def routable(module: nn.Module) -> bool:
             and module.weight.device.type == "cpu")
 
 
+def plain(module: nn.Module) -> bool:
+    """`routable`, or routed by `installed` right now: the module's own weight is all its forward reads."""
+    forward = module.__dict__.get("forward")
+    func = forward.__func__ if isinstance(forward, types.MethodType) else None
+    ours = func is _forward or (isinstance(func, functools.partial) and func.func is _forward)
+    return routable(module) or (ours and type(module) is nn.Linear and module.weight.device.type == "cpu")
+
+
 def describe_for(model: nn.Module) -> str:
     """What the model's verify passes will run, for a progress line ("verify passes: few-row kernel (...)" or
     "verify passes: F.linear (why)"); "" where the kernel is not wanted or the model has no linear it takes."""

@@ -1,0 +1,142 @@
+"""The lean target (`hfspec.kernels.lean_target`): a float32 Llama-style target's passes through hfspec's lean decoder
+over its own weights: the HF forward's logits, no weight copied, the target's greedy text through chains and token
+trees, refused by name where it would not be the target's function, checked before use."""
+
+import pytest
+import torch
+from tiny_models import build_family
+
+import hfspec
+from hfspec.attrs import BITWISE_VERIFY, set_attr
+from hfspec.errors import HfspecError
+from hfspec.kernels import lean_target
+from hfspec.kernels.lean import LeanDecoder, LeanRunner
+from hfspec.kernels.shared_linear import SharedLinear
+from hfspec.kernels.slots import Slots
+
+LEAN_FAMILIES = ["llama", "qwen2", "qwen3", "gemma", "phi3"]  # gemma3 has sliding layers: refused (below)
+
+
+@pytest.fixture(autouse=True)
+def lean_on(monkeypatch):
+    """The lean target wherever it can run, with the few-row kernel or without (CI's CPU may lack AVX-512)."""
+    monkeypatch.setenv(lean_target.MODE_ENV, "on")
+
+
+def _target(family: str, seed: int = 3):
+    return build_family(family, seed=seed, init=0.2, layers=2)
+
+
+@pytest.mark.parametrize("family", LEAN_FAMILIES)
+def test_lean_target_passes_give_the_hf_forwards_logits(family):
+    target = _target(family)
+    runner, path = lean_target.runner_for(target)
+    assert isinstance(runner, LeanRunner), path
+    ids = torch.tensor([[0, 5, 17, 33, 9, 41, 7, 60, 12, 3, 28]])
+    slots = Slots(ids, torch.ones_like(ids))
+    # a prompt, then a verify pass of 5 positions, then one of 1: what a chain's rounds feed
+    got = [runner.feed(slots.tokens, slots.positions, slots.valid, 5, 5, slots.all_valid),
+           runner.feed(slots.tokens, slots.positions, slots.valid, 10, 5, slots.all_valid),
+           runner.feed(slots.tokens, slots.positions, slots.valid, 11, 1, slots.all_valid)]
+    with torch.no_grad():
+        want = target(ids).logits
+    torch.testing.assert_close(torch.cat(got, dim=1), want, atol=2e-4, rtol=2e-4)
+
+
+def test_no_weight_of_the_target_is_copied():
+    target = _target("qwen2")  # QKV biases: the columns are permuted after the bias is added
+    decoder, why = lean_target.built(target)
+    assert decoder is not None, why
+    own = {p.data_ptr() for p in target.parameters()}
+    linears = [decoder.head] + [lin for block in decoder.blocks for lin in block.linears()]
+    assert all(isinstance(lin, SharedLinear) for lin in linears)
+    read = [t.data_ptr() for lin in linears for t in lin.tensors()]
+    assert read and set(read) <= own
+    # the control: a lean draft of the same float weights fuses and permutes, so its matrices are copies
+    copy = LeanDecoder(target, bits=None)
+    assert copy.blocks[0].qkv.weight.data_ptr() not in own
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "phi3"])
+def test_greedy_text_through_the_lean_target_is_the_targets(family):
+    target = _target(family)
+    draft = hfspec.make_draft(target, "rtn4")
+    ids = torch.tensor([[1, 50, 60, 70, 8]])
+    want = target.generate(ids, do_sample=False, max_new_tokens=32, min_new_tokens=32)
+    chain = hfspec.generate(target, ids, draft=draft, gamma=4, temperature=0, max_new_tokens=32, min_new_tokens=32)
+    tree = hfspec.generate(target, ids, draft=draft, tree=hfspec.TreeShape(8, 4, 2, 2), temperature=0,
+                           max_new_tokens=32, min_new_tokens=32)
+    for out in (chain, tree):
+        assert out.stats.target_path == lean_target.PATH
+        assert torch.equal(out.sequences, want)
+    assert tree.stats.tree_rounds > 0
+
+
+def test_a_seeded_sampled_run_writes_the_same_text_through_either_path(monkeypatch):
+    target = _target("llama")
+    draft = hfspec.make_draft(target, "rtn4")
+    ids = torch.tensor([[1, 50, 60, 70, 8]])
+    runs = {}
+    for mode in ("on", "off"):
+        monkeypatch.setenv(lean_target.MODE_ENV, mode)
+        runs[mode] = hfspec.generate(target, ids, draft=draft, gamma=3, temperature=1.0, max_new_tokens=40,
+                                     min_new_tokens=40, seed=5)
+    assert runs["on"].stats.target_path == lean_target.PATH
+    assert runs["off"].stats.target_path == f"HF forward ({lean_target.MODE_ENV}=off)"
+    assert torch.equal(runs["on"].sequences, runs["off"].sequences)
+
+
+def test_where_it_is_not_the_targets_function_the_hf_forward_runs_and_says_why(monkeypatch):
+    llama = _target("llama")
+    assert lean_target.why_not(llama) == ""
+    assert lean_target.why_not(llama, batch=2) == "a batch of 2 rows (one row only)"
+    assert lean_target.why_not(_target("llama").to(torch.bfloat16)) == "not a float32 CPU target"
+    assert "sliding" in lean_target.why_not(_target("gemma3"))
+    assert lean_target.why_not(build_family("gpt2", seed=3, layers=1))  # another family: lean_reason's words
+    bitwise = _target("llama")
+    set_attr(bitwise, BITWISE_VERIFY, True)
+    assert lean_target.why_not(bitwise) == "bit-for-bit verify (generate's own rounding)"
+    monkeypatch.setenv(lean_target.MODE_ENV, "off")
+    assert lean_target.why_not(llama) == f"{lean_target.MODE_ENV}=off"
+    monkeypatch.setenv(lean_target.MODE_ENV, "sometimes")
+    with pytest.raises(HfspecError, match=lean_target.MODE_ENV):
+        lean_target.why_not(llama)
+
+
+def test_plain_decoding_and_sibling_leaves_keep_the_hf_forward():
+    target = _target("llama")
+    draft = hfspec.make_draft(target, "rtn4")
+    ids = torch.tensor([[1, 50, 60, 70, 8]])
+    plain = hfspec.plain_generate(target, ids, temperature=0, max_new_tokens=8)
+    siblings = hfspec.generate(target, ids, draft=draft, gamma=3, tree=3, temperature=0, max_new_tokens=8)
+    assert plain.stats.target_path == "HF forward"
+    assert siblings.stats.target_path == "HF forward"
+
+
+def test_a_lean_decoder_whose_logits_differ_is_never_used(monkeypatch):
+    class Off(LeanDecoder):  # a wrong layer, as a family the lean decoder misreads would give
+        def logits(self, *args, **kwargs):
+            return super().logits(*args, **kwargs) + 0.5
+
+    monkeypatch.setattr(lean_target, "LeanDecoder", Off)
+    target = _target("llama")
+    draft = hfspec.make_draft(target, "rtn4")
+    ids = torch.tensor([[1, 50, 60, 70, 8]])
+    out = hfspec.generate(target, ids, draft=draft, gamma=4, temperature=0, max_new_tokens=16)
+    assert out.stats.target_path.startswith("HF forward (its logits differ from the HF forward's by 0.5")
+    assert torch.equal(out.sequences, target.generate(ids, do_sample=False, max_new_tokens=16))
+
+
+def test_built_once_per_weights_and_again_after_an_in_place_change():
+    target = _target("llama")
+    first, _ = lean_target.built(target)
+    assert first is not None and lean_target.built(target)[0] is first
+    with torch.no_grad():
+        target.model.norm.weight.mul_(2.0)  # a norm is a small copy in the lean decoder: it must be rebuilt
+    second, _ = lean_target.built(target)
+    assert second is not None and second is not first
+    ids = torch.tensor([[0, 5, 17, 33]])
+    with torch.no_grad():
+        want = target(ids).logits
+    got = second.logits(ids, None, None, second.hfspec_new_cache(), 0)
+    torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
