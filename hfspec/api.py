@@ -33,7 +33,7 @@ from hfspec.drafts import make_draft as _make_draft
 from hfspec.drafts import weight_bytes as draft_weight_bytes
 from hfspec.drafts.base import NoDraft, as_draft
 from hfspec.dtypes import model_dtype_str
-from hfspec.kernels import fast_linear, verify_linear
+from hfspec.kernels import fast_linear, lean_target, verify_linear
 
 
 @dataclass
@@ -269,10 +269,13 @@ def profile_key(target, draft, sampled: bool, device="cpu") -> dict:
 
 
 def _profile_key(target, draft, prices: _Prices, sampled: bool) -> dict:
+    """The profile key; "+lean" on the dtype where a decode's target passes take the lean target (a profile timed
+    through the HF forward would price them high)."""
     label = get_attr(draft, DRAFT_SPEC, "") if draft is not None else ""
+    lean = "+lean" if draft is not None and not lean_target.why_not(target) else ""
     return cost_profile.profile_key(target, {"spec": label or type(draft).__name__, "bytes": weight_bytes(draft)
                                              if isinstance(draft, torch.nn.Module) else 0, "storage": prices.storage},
-                                    prices.dtype, prices.device, sampled)
+                                    prices.dtype + lean, prices.device, sampled)
 
 
 def _cost_profile(target, draft, prices: _Prices, stats: SpecStats, sampled: bool) -> CostModel | None:

@@ -140,3 +140,19 @@ def test_built_once_per_weights_and_again_after_an_in_place_change():
         want = target(ids).logits
     got = second.logits(ids, None, None, second.hfspec_new_cache(), 0)
     torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
+
+
+def test_the_audit_measures_the_lean_targets_rounding_where_decodes_take_it(monkeypatch):
+    from hfspec.audit.exactness import rounding_difference
+
+    target = _target("llama")
+    ids = torch.tensor([[0, 5, 17, 33, 9]])
+    out = target.generate(ids, do_sample=False, max_new_tokens=12, min_new_tokens=12, output_logits=True,
+                          return_dict_in_generate=True)
+    prefix, reference = out.sequences[:, :-1], out.logits[-1][0].float()
+    schemes = rounding_difference(target, prefix, ids.shape[1], 4, reference)
+    lean = {k: v for k, v in schemes.items() if k.startswith("lean ")}
+    assert set(lean) == {"lean " + k for k in schemes if not k.startswith("lean ")}
+    assert 0 <= max(lean.values()) < 1e-3  # fp32 rounding, not another function
+    monkeypatch.setenv(lean_target.MODE_ENV, "off")
+    assert not any(k.startswith("lean ") for k in rounding_difference(target, prefix, ids.shape[1], 4, reference))

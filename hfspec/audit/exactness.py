@@ -34,6 +34,7 @@ from hfspec.dtypes import dtype_str
 from hfspec.errors import HfspecError
 from hfspec.io.loading import parse_dtype
 from hfspec.kernels import cache as kv
+from hfspec.kernels import lean_target
 
 # A flip between tokens a and b needs their scores to move towards each other by the whole gap; each moves by
 # at most the rounding difference δ, so gap ≤ 2δ. δ is measured from other chunkings of the same prefix than
@@ -202,16 +203,20 @@ def rounding_difference(model, prefix: torch.Tensor, prompt_length: int, gamma: 
     """max |Δ logit| at the last position of `prefix` [1, T] between `reference` (generate's logits there) and
     the same prefix fed in other chunkings after the prompt: one token at a time, pairs and blocks of γ + 1
     at every alignment (the prompt's forward taking the first few new tokens along, as a speculative round's
-    first forward does), and everything in one forward. Keys name the scheme: "1", "2@0", "5@3", "all"."""
+    first forward does), and everything in one forward; the same through the lean target where a speculative
+    decode of `model` takes it. Keys name the scheme: "1", "2@0", "5@3", "all", "lean 5@3"."""
     total = prefix.shape[1]
     schemes = {"1": (prompt_length, 1), "all": (total, total)}
     for chunk in sorted({2, gamma + 1}):
         for shift in range(chunk):
             schemes[f"{chunk}@{shift}"] = (min(prompt_length + shift, total), chunk)
+    # where a speculative decode scores through the lean target (`hfspec.kernels.lean_target`), its chunkings too
+    lean = lean_target.built(model)[0] if not lean_target.why_not(model) else None
     out = {}
-    for name, (first, chunk) in schemes.items():
-        logits = last_logits_in_chunks(model, prefix, first, chunk)
-        out[name] = float((logits.float() - reference.to(logits.device)).abs().max())
+    for prefix_name, runner in [("", model)] + ([("lean ", lean)] if lean is not None else []):
+        for name, (first, chunk) in schemes.items():
+            logits = last_logits_in_chunks(runner, prefix, first, chunk)
+            out[prefix_name + name] = float((logits.float() - reference.to(logits.device)).abs().max())
     return out
 
 
