@@ -50,7 +50,9 @@ def methods(args) -> list[tuple[str, dict]]:
             out.append((f"siblings {w} γ={args.gamma}", {"gamma": args.gamma, "tree": w}))
     for spec in (s.strip() for s in args.shapes.split(",") if s.strip()):
         if spec == "auto":
-            trees = [("token tree auto", {"tree": "auto"})]
+            # its chain rounds at γ auto, as `hfspec run --tree auto --gamma auto` and bench_results' draft:auto:auto
+            # (before 7 December they ran at generate's default γ 4)
+            trees = [("token tree auto, γ auto", {"tree": "auto", "gamma": "auto"})]
         else:
             n, d, b, w = (int(v) for v in spec.split("x"))
             trees = [(f"token tree {spec}", {"tree": hfspec.TreeShape(n, d, b, w)})]

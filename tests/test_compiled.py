@@ -299,6 +299,9 @@ def test_a_two_token_catch_up_is_one_compiled_call_with_the_eager_steps_logits(o
     fast, eager = make_draft(target, "rtn4-compiled"), make_draft(target, "rtn4")
     step = fast.compiled_step
     assert step is not None and step.pair_path == "compiled"
+    shown = describe(fast)  # what runs a catch-up and a tree level is said, not only the one-token step
+    assert shown["pair"] == "compiled" and shown["tree_level"] == step.tree_level.path == "not compiled yet"
+    assert "pair" not in describe(eager) and "tree_level" not in describe(eager)
     pairs, steps = [], []
     pair_fn, one_fn = step.fn_pair, step.fn
     step.fn_pair = lambda *args: pairs.append(1) or pair_fn(*args)

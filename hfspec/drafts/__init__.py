@@ -75,10 +75,15 @@ def make_draft(target: nn.Module, spec, **options) -> nn.Module:
 
 
 def describe(draft) -> dict:
-    """How a draft runs: its kind, label, the path of its decode step and, for quantised layers, each layer's."""
+    """How a draft runs: its kind, label, the path of its decode step and, for quantised layers, each layer's; for a
+    compiled draft also what runs a two-token catch-up ("pair") and a token tree's levels ("tree_level")."""
     label = get_attr(draft, DRAFT_SPEC) or type(draft).__name__
     step = get_attr(draft, STEP_PATH) or "Hugging Face forward"
-    return {"label": label, "step": step, "layers": summary(draft) if isinstance(draft, nn.Module) else {}}
+    out = {"label": label, "step": step, "layers": summary(draft) if isinstance(draft, nn.Module) else {}}
+    compiled = getattr(draft, "compiled_step", None)
+    if compiled is not None:
+        out["pair"], out["tree_level"] = compiled.pair_path, compiled.tree_level.path
+    return out
 
 
 def _only(options: dict, allowed: set[str], spec: DraftSpec) -> None:
