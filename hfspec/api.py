@@ -12,7 +12,7 @@ import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from hfspec import validate
-from hfspec.attrs import DRAFT_SPEC, FIDELITY, get_attr
+from hfspec.attrs import DRAFT_HOOK, DRAFT_SPEC, FIDELITY, get_attr, hook
 from hfspec.decoding import profile as cost_profile
 from hfspec.decoding.chain import Chain
 from hfspec.decoding.costmodel import CostModel
@@ -84,7 +84,9 @@ def speculative_generate(
     if request.plain:
         policy = FixedGamma(0)
     else:  # with a seed, γ "auto" must not read this run's timings: the text must depend on the seed alone
-        profile = _cost_profile(model, request.draft, prices, stats, sampling) if request.seed is not None \
+        lean = (hook(request.draft, DRAFT_HOOK) is None and not (isinstance(request.tree, int) and request.tree >= 2)
+                and lean_target.takes(model, input_ids.shape[0]))  # what `decoding.loop.target_runner` will choose
+        profile = _cost_profile(model, request.draft, prices, stats, sampling, lean) if request.seed is not None \
             and request.gamma == "auto" else None
         policy = (_policy(request.gamma, stats, request.draft) if request.seed is None
                   else _seeded_policy(request.gamma, stats, prices, request.draft, profile))
@@ -268,20 +270,22 @@ def profile_key(target, draft, sampled: bool, device="cpu") -> dict:
                                                   device), sampled)
 
 
-def _profile_key(target, draft, prices: _Prices, sampled: bool) -> dict:
+def _profile_key(target, draft, prices: _Prices, sampled: bool, lean: bool | None = None) -> dict:
     """The profile key; "+lean" on the dtype where a decode's target passes take the lean target (a profile timed
-    through the HF forward would price them high)."""
+    through the HF forward would price them high). `lean`: whether this decode does (None: a one-row chain's)."""
     label = get_attr(draft, DRAFT_SPEC, "") if draft is not None else ""
-    lean = "+lean" if draft is not None and not lean_target.why_not(target) else ""
+    lean = lean if lean is not None else draft is not None and lean_target.takes(target)
+    lean = "+lean" if lean else ""
     return cost_profile.profile_key(target, {"spec": label or type(draft).__name__, "bytes": weight_bytes(draft)
                                              if isinstance(draft, torch.nn.Module) else 0, "storage": prices.storage},
                                     prices.dtype + lean, prices.device, sampled)
 
 
-def _cost_profile(target, draft, prices: _Prices, stats: SpecStats, sampled: bool) -> CostModel | None:
+def _cost_profile(target, draft, prices: _Prices, stats: SpecStats, sampled: bool,
+                  lean: bool | None = None) -> CostModel | None:
     """The saved cost profile of this pair on this machine, as a cost model (None: none matches, or profiles are
     off); `stats.cost_profile` names its file."""
-    found, path = cost_profile.find(_profile_key(target, draft, prices, sampled))
+    found, path = cost_profile.find(_profile_key(target, draft, prices, sampled, lean))
     if found is None:
         return None
     stats.cost_profile = path.name

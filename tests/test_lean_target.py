@@ -27,10 +27,35 @@ def _target(family: str, seed: int = 3):
     return build_family(family, seed=seed, init=0.2, layers=2)
 
 
-@pytest.mark.parametrize("family", LEAN_FAMILIES)
+def _randomised(model, seed: int = 7):
+    """Every bias and norm weight drawn at random: a tiny model is built with zero biases and unit (Gemma: zero)
+    norms, under which a wrong column order of Q/K/V's bias or of a q/k norm, or a wrong (1 + w), would not show."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.5 + (0.0 if name.endswith("bias")
+                                                                                     else 1.0))
+    return model
+
+
+def _partial_rotary_phi3():
+    import transformers
+    from tiny_models import FAMILIES, VOCAB
+
+    config = transformers.Phi3Config(vocab_size=VOCAB, bos_token_id=0, eos_token_id=1, pad_token_id=2,
+                                     num_hidden_layers=2, hidden_size=32, initializer_range=0.2,
+                                     partial_rotary_factor=0.5, **FAMILIES["phi3"][2])
+    torch.manual_seed(3)
+    return transformers.Phi3ForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("family", LEAN_FAMILIES + ["phi3 partial rotary"])
 def test_lean_target_passes_give_the_hf_forwards_logits(family):
-    target = _target(family)
+    target = _randomised(_partial_rotary_phi3() if family == "phi3 partial rotary" else _target(family))
     runner, path = lean_target.runner_for(target)
+    if family == "phi3 partial rotary":
+        assert runner.model.blocks[0].rot < runner.model.blocks[0].head_dim  # the case is what it says
     assert isinstance(runner, LeanRunner), path
     ids = torch.tensor([[0, 5, 17, 33, 9, 41, 7, 60, 12, 3, 28]])
     slots = Slots(ids, torch.ones_like(ids))
@@ -156,3 +181,46 @@ def test_the_audit_measures_the_lean_targets_rounding_where_decodes_take_it(monk
     assert 0 <= max(lean.values()) < 1e-3  # fp32 rounding, not another function
     monkeypatch.setenv(lean_target.MODE_ENV, "off")
     assert not any(k.startswith("lean ") for k in rounding_difference(target, prefix, ids.shape[1], 4, reference))
+
+
+def test_what_would_make_a_built_decoder_stale_or_wrong_keeps_the_hf_forward():
+    target = _target("llama")
+    first, _ = lean_target.built(target)
+    with torch.no_grad():
+        target.model.norm.weight.data.mul_(2.0)  # through .data: no version bump; the decoder holds a copy of norms
+    second, _ = lean_target.built(target)
+    assert second is not None and second is not first
+    handle = target.model.layers[0].register_forward_hook(lambda module, args, out: out)  # e.g. steering code
+    assert lean_target.why_not(target).startswith("forward hooks")
+    handle.remove()
+    assert lean_target.why_not(target) == ""
+    with torch.inference_mode():
+        frozen = _target("llama")
+    assert lean_target.why_not(frozen).startswith("weights made under torch.inference_mode")
+    out = hfspec.generate(frozen, torch.tensor([[1, 50, 60]]), draft=hfspec.make_draft(_target("llama"), "rtn4"),
+                          gamma=3, temperature=0, max_new_tokens=6)
+    assert out.stats.target_path.startswith("HF forward (weights made under torch.inference_mode")
+
+
+def test_rotary_scaling_chosen_per_forward_is_refused():
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                                      rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                                       "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,
+                                                       "original_max_position_embeddings": 2048})
+    assert lean_target.why_not(transformers.LlamaForCausalLM(config).eval()) == "longrope rotary scaling"
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_with_the_same_logits(monkeypatch):
+    monkeypatch.setattr(lean_target, "PREFILL_CHUNK", 4)
+    target = _target("llama")
+    runner, _ = lean_target.runner_for(target)
+    ids = torch.tensor([[0, 5, 17, 33, 9, 41, 7, 60, 12, 3, 28, 44, 8]])
+    slots = Slots(ids, torch.ones_like(ids))
+    got = runner.feed(slots.tokens, slots.positions, slots.valid, 13, 2, slots.all_valid)
+    assert runner.cache.length == 13
+    with torch.no_grad():
+        want = target(ids).logits[:, -2:]
+    torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)

@@ -33,7 +33,6 @@ from hfspec.errors import bad_value
 from hfspec.kernels import cache as kv
 from hfspec.kernels import verify_linear
 from hfspec.kernels.lean import LeanDecoder, LeanRunner, lean_reason
-from hfspec.kernels.lean_layers import _Unsupported
 
 MODE_ENV = "HFSPEC_LEAN_TARGET"
 MODES = ("auto", "on", "off")
@@ -41,7 +40,11 @@ CHECK_TOKENS = 12
 CHECK_TOLERANCE = 1e-4  # of max(1, the largest |logit|): fp32 rounding differs by ~1e-6 of it, a wrong layer by far more
 PATH = "lean decoder over the target's own weights"
 
-_BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> (weights key, LeanDecoder | None, why)
+PREFILL_CHUNK = 512  # prompt positions a lean prefill feeds at once: its mask is [chunk, cache], not [T, T]
+SMALL = 1 << 16  # elements: tensors the decoder copies (norms) or reads at build (rotary) are compared each decode
+
+# target -> (key, structural reason why not, LeanDecoder | None, why not after the check, small tensors' snapshot)
+_BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def mode() -> str:
@@ -53,7 +56,9 @@ def mode() -> str:
 
 
 def why_not(target: nn.Module, batch: int = 1) -> str:
-    """'' where the target's passes may take the lean decoder (before the numerical check), else why not."""
+    """'' where the target's passes may take the lean decoder (before the numerical check), else why not. What can
+    change between decodes (the mode, hooks, the batch, the weights' dtype) is read each time; what the model's
+    structure decides, once per weights (`_entry`)."""
     chosen = mode()
     if chosen == "off":
         return f"{MODE_ENV}=off"
@@ -64,15 +69,13 @@ def why_not(target: nn.Module, batch: int = 1) -> str:
     params = list(target.parameters())
     if not params or any(p.dtype != torch.float32 or p.device.type != "cpu" for p in params):
         return "not a float32 CPU target"
+    if any(p.is_inference() for p in params):
+        return "weights made under torch.inference_mode (no version counter to see them change)"
     if chosen == "auto" and not (verify_linear.wanted() and verify_linear.kernel() is not None):
         return f"the few-row kernel is not running ({verify_linear.status()}); {MODE_ENV}=on takes it anyway"
-    if any(isinstance(m, nn.Linear) and not verify_linear.plain(m) for m in target.modules()):
-        return "linears that are not plain nn.Linear (prepacked, quantised or hooked)"
-    config = getattr(target, "config", None)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    if kv.has_sliding_layers(target) or getattr(text, "attn_logit_softcapping", None):
-        return "sliding-window attention or attention logit soft-capping"
-    return lean_reason(target) or ""
+    if _hooked(target):
+        return "forward hooks on the model or its modules (the lean decoder would skip them)"
+    return _entry(target)[1]
 
 
 def runner_for(target: nn.Module, batch: int = 1) -> tuple[LeanRunner | None, str]:
@@ -81,24 +84,79 @@ def runner_for(target: nn.Module, batch: int = 1) -> tuple[LeanRunner | None, st
     if why:
         return None, why
     decoder, why = built(target)
-    return (LeanRunner(decoder), PATH) if decoder is not None else (None, why)
+    return (LeanTargetRunner(decoder), PATH) if decoder is not None else (None, why)
 
 
 def built(target: nn.Module) -> tuple[LeanDecoder | None, str]:
     """The target's lean decoder, checked against its HF forward; built once per weights (storage and in-place
-    version), like `hfspec.kernels.lean.lean_step_of`."""
-    key = tuple((p.data_ptr(), p._version) for p in target.parameters())
+    version of every parameter and buffer, the rotary module, and the values of the small tensors it copies), like
+    `hfspec.kernels.lean.lean_step_of`. (None, why) where `why_not` says no or the check fails."""
+    entry = _entry(target)
+    if entry[1]:
+        return None, entry[1]
+    if entry[2] is None and not entry[3]:
+        try:
+            decoder = LeanDecoder(target, bits=None, shared=True)
+            why = _check(target, decoder)
+        except Exception as error:  # noqa: BLE001 - any model the lean decoder misreads keeps the HF forward
+            decoder, why = None, f"cannot build it: {type(error).__name__}: {error}"
+        _BUILT[target] = entry = (*entry[:2], decoder if not why else None, why or "", entry[4])
+    return entry[2], entry[3]
+
+
+def takes(target: nn.Module, batch: int = 1) -> bool:
+    """Whether a chain or token-tree decode of `batch` rows scores the target through the lean decoder."""
+    return runner_for(target, batch)[0] is not None
+
+
+class LeanTargetRunner(LeanRunner):
+    """The lean decoder as the target's runner: a long prompt goes in chunks of `PREFILL_CHUNK` positions, so its
+    attention mask stays [chunk, cache] (one [T, T] mask at 32k tokens would be 1 GiB)."""
+
+    def _run(self, tokens, positions, valid, start: int, end: int, keep: int, all_valid: bool) -> torch.Tensor:
+        while end - (start + PREFILL_CHUNK) >= max(keep, 1):
+            mid = start + PREFILL_CHUNK
+            self.model.logits(tokens[:, start:mid], positions[:, start:mid], None if all_valid else valid[:, :mid],
+                              self.cache, 1)
+            start = mid
+        return super()._run(tokens, positions, valid, start, end, keep, all_valid)
+
+
+def _entry(target: nn.Module) -> tuple:
+    """This target's `_BUILT` entry for its current weights, made anew (decoder not built) where they changed."""
+    tensors = list(target.parameters()) + list(target.buffers())
+    key = (tuple((t.data_ptr(), t._version) for t in tensors if not t.is_inference()),
+           id(getattr(getattr(target, "model", None), "rotary_emb", None)))
     known = _BUILT.get(target)
-    if known is not None and known[0] == key:
-        return known[1], known[2]
-    try:
-        decoder = LeanDecoder(target, bits=None, shared=True)
-        why = _check(target, decoder)
-    except (ValueError, RuntimeError, _Unsupported) as error:  # a layer the lean decoder does not read
-        decoder, why = None, f"cannot build it: {error}"
-    decoder = decoder if not why else None
-    _BUILT[target] = (key, decoder, why)
-    return decoder, why
+    if known is not None and known[0] == key and all(torch.equal(a, b) for a, b in known[4]):
+        return known
+    snapshot = [(t, t.detach().clone()) for t in tensors if t.numel() < SMALL]  # norms, biases, rotary inv_freq
+    entry = (key, _structure(target), None, "", snapshot)
+    _BUILT[target] = entry
+    return entry
+
+
+def _structure(target: nn.Module) -> str:
+    """Why the model's structure keeps the HF forward ('' where the lean decoder may reproduce it)."""
+    if any(isinstance(m, nn.Linear) and not verify_linear.plain(m) for m in target.modules()):
+        return "linears that are not plain nn.Linear (prepacked, quantised or hooked)"
+    config = getattr(target, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if kv.has_sliding_layers(target) or getattr(text, "attn_logit_softcapping", None):
+        return "sliding-window attention or attention logit soft-capping"
+    rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
+    kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
+    if kind in ("longrope", "dynamic"):  # factors chosen per forward from its length: one table cannot follow
+        return f"{kind} rotary scaling"
+    return lean_reason(target) or ""
+
+
+def _hooked(target: nn.Module) -> bool:
+    from torch.nn.modules import module as torch_module
+
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks for m in target.modules())
 
 
 @torch.no_grad()
