@@ -14,7 +14,11 @@ within `CHECK_TOLERANCE` of the logits' scale); where they differ, or the model 
 forward runs and `why_not` says why. Only where the function is the target's: float32 (the lean step computes in
 fp32, so a bf16 target would be scored at a precision `generate` does not use), CPU, plain `nn.Linear` weights
 (not prepacked, quantised or offloaded), full attention (no sliding window, no attention logit soft-capping), a
-batch of one row, and not under `use_bitwise_verify` (generate's own rounding, bit for bit).
+rotary table fixed per position (not "longrope" or "dynamic", which choose their factors per forward), no forward
+hooks (the lean decoder would skip them), weights with a version counter (not made under `torch.inference_mode`),
+a batch of one row, and not under `use_bitwise_verify` (generate's own rounding, bit for bit). The decoder is rebuilt
+when any parameter or buffer is replaced or changed in place, or a small tensor it copies (norms) changes even
+through `.data`.
 
 `$HFSPEC_LEAN_TARGET`: "auto" (default) where the few-row kernel runs (measured faster there; with `F.linear` a
 5-position lean pass was slower than the HF one), "on" also without it, "off" never.
