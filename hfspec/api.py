@@ -12,14 +12,14 @@ import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from hfspec import validate
-from hfspec.attrs import DRAFT_HOOK, DRAFT_SPEC, FIDELITY, get_attr, hook
+from hfspec.attrs import DRAFT_SPEC, FIDELITY, get_attr
 from hfspec.decoding import profile as cost_profile
 from hfspec.decoding.chain import Chain
 from hfspec.decoding.costmodel import CostModel
 from hfspec.decoding.coupling import GumbelNoise
 from hfspec.decoding.early_exit import check_early_exit, with_early_exit
 from hfspec.decoding.gamma import AdaptiveGamma, FixedGamma, GammaPolicy
-from hfspec.decoding.loop import DecodeJob, decode
+from hfspec.decoding.loop import DecodeJob, decode, lean_target_capable
 from hfspec.decoding.options import check_speculative_options, given_to_generate
 from hfspec.decoding.priors import draft_step_prior, prior_model
 from hfspec.decoding.request import Hooks, Request, Sampling, Speculation, check_coupling_seed
@@ -81,13 +81,15 @@ def speculative_generate(
                       target_dtype=model_dtype_str(model))
     prices = _Prices.of(model, request.draft, stats, input_ids.device)
     eos = generation_config._eos_token_tensor
+    verifier = _verifier(request, stats, prices)
+    draft = NoDraft() if request.plain else as_draft(request.draft, vocab=request.draft_vocab)
     if request.plain:
         policy = FixedGamma(0)
     else:  # with a seed, γ "auto" must not read this run's timings: the text must depend on the seed alone
-        lean = (hook(request.draft, DRAFT_HOOK) is None and not (isinstance(request.tree, int) and request.tree >= 2)
-                and lean_target.takes(model, input_ids.shape[0]))  # what `decoding.loop.target_runner` will choose
-        profile = _cost_profile(model, request.draft, prices, stats, sampling, lean) if request.seed is not None \
-            and request.gamma == "auto" else None
+        profile = None
+        if request.seed is not None and request.gamma == "auto":  # keyed by the target path the decode will take
+            lean = lean_target_capable(draft, verifier) and lean_target.takes(model, input_ids.shape[0])
+            profile = _cost_profile(model, request.draft, prices, stats, sampling, lean)
         policy = (_policy(request.gamma, stats, request.draft) if request.seed is None
                   else _seeded_policy(request.gamma, stats, prices, request.draft, profile))
     job = DecodeJob(
@@ -100,10 +102,9 @@ def speculative_generate(
         on_round=request.on_round,
         should_stop=request.should_stop,
         stats=stats,
-        verifier=_verifier(request, stats, prices),
+        verifier=verifier,
         noise=GumbelNoise(request.seed) if request.coupling == "gumbel" and sampling else None,
     )
-    draft = NoDraft() if request.plain else as_draft(request.draft, vocab=request.draft_vocab)
     if request.early_exit:
         check_early_exit(request.early_exit, draft)
         job.policy = early = with_early_exit(job.policy, stats)

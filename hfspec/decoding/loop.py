@@ -87,12 +87,19 @@ def decode(target: torch.nn.Module, draft: Draft | None, input_ids: torch.Tensor
         return run.finish()
 
 
+def lean_target_capable(draft: Draft, verifier: Verifier) -> bool:
+    """Whether a decode with this draft and verifier may score the target through the lean target: a speculative
+    decode (a plain one's baseline is the HF forward) whose draft does not share the target's runner and whose
+    verifier feeds the target only through its runner (`Verifier.lean_target`)."""
+    return not isinstance(draft, NoDraft | AttachesToTarget) and getattr(verifier, "lean_target", False)
+
+
 def target_runner(target, draft: Draft, batch: int, verifier: Verifier, stats: SpecStats) -> Runner:
     """The target's runner for a decode: the lean decoder over its own weights where a speculative decode's
     verifier can score through it (`hfspec.kernels.lean_target`; not a plain decode, whose baseline is the HF
     forward, nor a draft that shares the target's runner), else the HF forward with its KV cache.
     `stats.target_path` says which, and why not the lean one."""
-    if isinstance(draft, NoDraft | AttachesToTarget) or not getattr(verifier, "lean_target", False):
+    if not lean_target_capable(draft, verifier):
         stats.target_path = "HF forward"
         return CachedModel(target)
     runner, path = lean_target.runner_for(target, batch)

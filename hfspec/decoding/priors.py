@@ -249,8 +249,8 @@ def verify_prior(n: int, device: str = "cpu", dtype: str = "float32") -> float:
 # EPYC's bf16 curve is decoding's line): 3 positions 0.57 of a step (6 December, …-verify-width-rows-pairs.md).
 VERIFY_FLOOR_PRIOR = {("cpu", "bfloat16+rows"): 0.57}
 # The least a pass through the lean target (`hfspec.kernels.lean_target`) costs in the HF forward's one-token steps:
-# one position 0.80 of a step, five 0.76 of the HF forward's 5-position pass (SmolLM2-135M fp32, 2-core Xeon
-# without AMX, 7 December 2026, a probe of 8 interleaved calls), so a bound a little under both.
+# one position 0.82, 2-5 positions 0.93-0.98 (SmolLM2-135M fp32, 2-core Xeon without AMX, 7 December 2026,
+# `bench_verify_width.py --dtypes float32+lean`, …-verify-width-lean.md), so a bound a little under them.
 LEAN_TARGET_FLOOR = 0.7
 
 

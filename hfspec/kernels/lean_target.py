@@ -2,9 +2,10 @@
 its prompt) with `LeanDecoder(target, bits=None, shared=True)` instead of the HF forward.
 
 Why: an HF forward spends much of a small model's pass outside its matrix products (a module call, norms, rotary,
-cache bookkeeping per layer). SmolLM2-135M in fp32 on the 2-core Intel Xeon VM: a 5-position verify pass took
-42 ms through the lean decoder against 55 ms through the HF forward, both with the few-row kernel; one position 32
-against 40 (medians of 6, `benchmarks/bench_lean_target.py` times it on your machine).
+cache bookkeeping per layer). SmolLM2-135M in fp32 on the 2-core Intel Xeon VM without AMX, in the HF forward's
+one-token steps: a 5-position verify pass 0.98 through the lean decoder against 1.21 through the HF forward, both
+with the few-row kernel; one position 0.82 (`benchmarks/bench_verify_width.py --dtypes float32+rows,float32+lean`
+times it on your machine).
 
 What it computes: the same function up to float rounding (RMSNorm in one call, rotary as a rotation of pairs, one
 SDPA per layer), as any change of BLAS or the few-row kernel already does; the weights are the target's own
@@ -75,7 +76,7 @@ def why_not(target: nn.Module, batch: int = 1) -> str:
         return "not a float32 CPU target"
     if any(p.is_inference() for p in params):
         return "weights made under torch.inference_mode (no version counter to see them change)"
-    if chosen == "auto" and not (verify_linear.wanted() and verify_linear.kernel() is not None):
+    if chosen == "auto" and not verify_linear.running():
         return f"the few-row kernel is not running ({verify_linear.status()}); {MODE_ENV}=on takes it anyway"
     if _hooked(target):
         return "forward hooks on the model or its modules (the lean decoder would skip them)"

@@ -28,8 +28,7 @@ class SharedLinear:
     def matmul(self):
         """A function x [M, K] -> [M, N] in the weights' dtype: the few-row kernel where it takes the rows."""
         parts = self.parts
-        linear = verify_linear.linear if verify_linear.wanted() and verify_linear.kernel() is not None \
-            else torch.nn.functional.linear
+        linear = verify_linear.linear if verify_linear.running() else torch.nn.functional.linear
         if len(parts) == 1:
             (w, b), = parts
             return lambda x: linear(x, w, b)
@@ -52,7 +51,7 @@ def head_order(head_dim: int, rot: int) -> torch.Tensor:
 def pair_columns(heads: int, kv_heads: int, head_dim: int, rot: int) -> torch.Tensor:
     """Column order of a QKV product [q heads | k heads | v heads] with `head_order` in each q and k head, as
     `pair_rotary_rows` orders a draft's copy of the weight rows: these columns of x Wᵀ equal x (W permuted)ᵀ."""
-    qk = (torch.arange(heads + kv_heads)[:, None] * head_dim + head_order(head_dim, rot)[None]).flatten()
+    qk = _rows_in_head_order(heads + kv_heads, head_dim, rot)
     return torch.cat([qk, torch.arange((heads + kv_heads) * head_dim, (heads + 2 * kv_heads) * head_dim)])
 
 
@@ -61,6 +60,11 @@ def pair_rotary_rows(w: torch.Tensor | None, heads: int, head_dim: int, rot: int
     `head_order`."""
     if w is None:
         return None
-    order = head_order(head_dim, rot)
-    index = (torch.arange(heads)[:, None] * head_dim + order[None]).flatten()
-    return w[index] if w.dim() >= 1 and w.shape[0] == heads * head_dim else w[order]
+    if w.dim() >= 1 and w.shape[0] == heads * head_dim:
+        return w[_rows_in_head_order(heads, head_dim, rot)]
+    return w[head_order(head_dim, rot)]
+
+
+def _rows_in_head_order(heads: int, head_dim: int, rot: int) -> torch.Tensor:
+    """Indices of `heads` consecutive heads' rows, each head's in `head_order`."""
+    return (torch.arange(heads)[:, None] * head_dim + head_order(head_dim, rot)[None]).flatten()

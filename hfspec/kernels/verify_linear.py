@@ -102,6 +102,11 @@ def wanted() -> bool:
     return chosen == "on" or (chosen == "auto" and cpu_kind() in ON_BY_KIND and not applies())
 
 
+def running() -> bool:
+    """Whether verify passes here take the kernel: wanted (`wanted`) and built (`kernel`)."""
+    return wanted() and kernel() is not None
+
+
 def applies() -> str:
     """'' where the kernel can run on this machine (x86-64 Linux, a torch that dispatches AVX-512), else why not."""
     if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
@@ -185,8 +190,7 @@ def describe_for(model: nn.Module) -> str:
 
 def active_for(model: nn.Module) -> bool:
     """Whether `installed(model)` would route any of the model's linears through a built kernel."""
-    return (wanted() and not get_attr(model, BITWISE_VERIFY) and any(routable(m) for m in model.modules())
-            and kernel() is not None)
+    return not get_attr(model, BITWISE_VERIFY) and any(routable(m) for m in model.modules()) and running()
 
 
 @contextmanager
