@@ -11,7 +11,7 @@ re-measured, a stability verdict; with several prompts, outliers and intervals a
 and the figure is the geometric mean of the prompts' medians, their range shown in the verdict). α and tokens per pass are pooled over the kept rounds. "vs chain": a γ "auto"
 row's tokens/s over its draft's fastest fixed-γ row, a tree row's over its draft's chain at the same γ, a row
 with a "+hf" twin (γ written 5+hf: the target's passes through the HF forward instead of the lean target,
-`hfspec.kernels.lean_target`) over that twin, as the median of per-round ratios (both ran in every round: rows compared this way share the rounds' drift, which a
+`hfspec.kernels.lean_target`) or a "+nonative" one (the draft's steps without `hfspec.kernels.native_step`) over that twin, as the median of per-round ratios (both ran in every round: rows compared this way share the rounds' drift, which a
 comparison of two "vs plain" columns does not cancel). Where a speculative decode's verify passes take the few-row
 kernel (`hfspec.kernels.verify_linear`), plain decoding is timed through it too, one-row products included, in the
 same rounds: "vs plain through the kernel" is speculation's own share of the speed-up. T = 1 is pure sampling (top-k 0, top-p 1). Drafts are built (and calibrated, compiled) before timing; their build is not in the figures.
@@ -28,6 +28,9 @@ from pathlib import Path
 import common
 import torch
 
+# a gamma's suffix -> the environment of its twin row, paired with the same row without it ("vs chain")
+TWINS = {"+hf": {"HFSPEC_LEAN_TARGET": "off"},  # the target's passes through the HF forward, not the lean target
+         "+nonative": {"HFSPEC_NATIVE_STEP": "off"}}  # the draft's steps compiled (or eager), not the native C step
 MARK = "<!-- results: filled by benchmarks/bench_results.py --docs -->"
 LABELS = {"smollm2": "SmolLM2-135M as shipped (4-bit-exact for rtn4: a best case)",
           "smollm2-offgrid": "SmolLM2-135M off the grid", "micro": "micro (embedded, 1.8M)"}
@@ -40,7 +43,8 @@ def main() -> None:
                    "gptq4-compiled:auto:auto,int8:4,int8:auto,int8:auto:auto",
                    help="draft:gamma or draft:gamma:tree (tree auto: a token tree), comma-separated; gamma auto+priors: "
                         "γ auto without a saved cost profile; a gamma ending +hf (4+hf, auto+hf): the target's passes "
-                        "through the HF forward (HFSPEC_LEAN_TARGET=off), paired with the same row without it")
+                        "through the HF forward (HFSPEC_LEAN_TARGET=off), +nonative: the draft's steps without the "
+                        "native C step (HFSPEC_NATIVE_STEP=off); each paired with the same row without it")
     p.add_argument("--dtypes", default="float32,bfloat16",
                    help="comma-separated; float32+prepack: fp32 with hfspec.kernels.fast_linear.prepack")
     p.add_argument("--temperatures", default="0,1")
@@ -154,9 +158,11 @@ def measure(args) -> list[dict]:
 def _options(gamma: str, tree) -> dict:
     """hfspec.generate's keywords for a run: its tree; "auto+priors": γ auto priced from the priors alone (no saved
     cost profile), beside "auto", which takes this machine's profile where `--profile` measured one; "+hf" at the
-    end: the target's passes through the HF forward, not the lean target (`hfspec.kernels.lean_target`)."""
-    env = ({"HFSPEC_COST_PROFILE": "off"} if "+priors" in gamma else {}) | (
-        {"HFSPEC_LEAN_TARGET": "off"} if gamma.endswith("+hf") else {})
+    end: the target's passes through the HF forward, not the lean target (`hfspec.kernels.lean_target`); "+nonative":
+    the draft's steps without the native C step (`hfspec.kernels.native_step`)."""
+    env = {"HFSPEC_COST_PROFILE": "off"} if "+priors" in gamma else {}
+    for suffix, twin in TWINS.items():
+        env |= twin if gamma.endswith(suffix) else {}
     return ({} if tree is None else {"tree": tree}) | ({"env": env} if env else {})
 
 
@@ -176,13 +182,15 @@ def chain_pair(result: dict, runs: list, spec: str, gamma: str, tree) -> dict:
     """For a γ "auto" chain row: its tokens/s over the same draft's fastest fixed-γ chain, round by round
     (`common.paired`); for a tree row, over the same draft's chain at the same γ (else the fastest fixed γ).
     {} for a fixed-γ chain row or where there is nothing to pair with."""
-    hf = gamma.endswith("+hf")
-    twin = _key(spec, gamma + "+hf", tree)
-    if not hf and twin in result:  # the lean target's row over the same row through the HF forward
-        pair = common.paired(result[_key(spec, gamma, tree)], result[twin])
-        return {"vs_chain": pair.median, "vs_chain_low": pair.low, "vs_chain_high": pair.high,
-                "vs_chain_of": "γ " + twin.split("@", 1)[1].replace("@", " ")}
-    fixed = [g for s, g, t in runs if s == spec and t is None and not g.startswith("auto") and g.endswith("+hf") == hf]
+    hf = next((suffix for suffix in TWINS if gamma.endswith(suffix)), "")
+    for suffix in TWINS if not hf else ():  # a row over its twin (the lean target's over the HF forward, ...)
+        twin = _key(spec, gamma + suffix, tree)
+        if twin in result:
+            pair = common.paired(result[_key(spec, gamma, tree)], result[twin])
+            return {"vs_chain": pair.median, "vs_chain_low": pair.low, "vs_chain_high": pair.high,
+                    "vs_chain_of": "γ " + twin.split("@", 1)[1].replace("@", " ")}
+    fixed = [g for s, g, t in runs if s == spec and t is None and not g.startswith("auto")
+             and next((x for x in TWINS if g.endswith(x)), "") == hf]
     if tree is None and not gamma.startswith("auto"):
         return {}
     chain = _key(spec, gamma, None) if tree is not None and _key(spec, gamma, None) in result else None

@@ -33,7 +33,8 @@ from hfspec.drafts import make_draft as _make_draft
 from hfspec.drafts import weight_bytes as draft_weight_bytes
 from hfspec.drafts.base import NoDraft, as_draft
 from hfspec.dtypes import model_dtype_str
-from hfspec.kernels import fast_linear, lean_target, verify_linear
+from hfspec.kernels import fast_linear, lean_target, native_step, verify_linear
+from hfspec.kernels.lean import LeanDecoder
 
 
 @dataclass
@@ -273,13 +274,15 @@ def profile_key(target, draft, sampled: bool, device="cpu") -> dict:
 
 def _profile_key(target, draft, prices: _Prices, sampled: bool, lean: bool | None = None) -> dict:
     """The profile key; "+lean" on the dtype where a decode's target passes take the lean target (a profile timed
-    through the HF forward would price them high). `lean`: whether this decode does (None: a one-row chain's)."""
+    through the HF forward would price them high), "step": "native" in the draft's where its steps take the native C
+    step (`hfspec.kernels.native_step`; a profile of the compiled step would price them high). `lean`: whether this decode does (None: a one-row chain's)."""
     label = get_attr(draft, DRAFT_SPEC, "") if draft is not None else ""
     lean = lean if lean is not None else draft is not None and lean_target.takes(target)
     lean = "+lean" if lean else ""
+    native = {"step": "native"} if isinstance(draft, LeanDecoder) and native_step.of(draft) is not None else {}
     return cost_profile.profile_key(target, {"spec": label or type(draft).__name__, "bytes": weight_bytes(draft)
-                                             if isinstance(draft, torch.nn.Module) else 0, "storage": prices.storage},
-                                    prices.dtype + lean, prices.device, sampled)
+                                             if isinstance(draft, torch.nn.Module) else 0, "storage": prices.storage,
+                                             **native}, prices.dtype + lean, prices.device, sampled)
 
 
 def _cost_profile(target, draft, prices: _Prices, stats: SpecStats, sampled: bool,

@@ -17,6 +17,8 @@ from hfspec.drafts.registry import DraftSpec
 from hfspec.drafts.registry import parse as parse_draft_spec
 from hfspec.drafts.sibling import check_same_tokenizer, check_sibling, load_sibling
 from hfspec.errors import HfspecError
+from hfspec.kernels import native_step
+from hfspec.kernels.lean import LeanDecoder
 from hfspec.quant.swap import summary
 
 # The modules of the built-in kinds, each defining `KIND`, in display order (a kind naming a model goes last).
@@ -76,10 +78,13 @@ def make_draft(target: nn.Module, spec, **options) -> nn.Module:
 
 def describe(draft) -> dict:
     """How a draft runs: its kind, label, the path of its decode step and, for quantised layers, each layer's; for a
-    compiled draft also what runs a two-token catch-up ("pair") and a token tree's levels ("tree_level")."""
+    compiled draft also what runs a two-token catch-up ("pair") and a token tree's levels ("tree_level"); for a lean
+    draft whether its steps and short feeds take the native C step ("native", `hfspec.kernels.native_step`)."""
     label = get_attr(draft, DRAFT_SPEC) or type(draft).__name__
     step = get_attr(draft, STEP_PATH) or "Hugging Face forward"
     out = {"label": label, "step": step, "layers": summary(draft) if isinstance(draft, nn.Module) else {}}
+    if isinstance(draft, LeanDecoder):
+        out["native"] = native_step.path_of(draft)
     compiled = getattr(draft, "compiled_step", None)
     if compiled is not None:
         out["pair"], out["tree_level"] = compiled.pair_path, compiled.tree_level.path

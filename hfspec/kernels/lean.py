@@ -30,8 +30,10 @@ from torch import nn
 from hfspec.attrs import LEAN_STEP, STEP_PATH, get_attr, set_attr
 from hfspec.dtypes import dtype_str
 from hfspec.errors import HfspecError
+from hfspec.kernels import native_step
 from hfspec.kernels.compiled import COMPILED_FEED_MAX, PAIR, CompiledStep
 from hfspec.kernels.kv_model import CachedModel
+from hfspec.kernels.lean_attention import attention_mask as _attention_mask
 from hfspec.kernels.lean_cache import LeanCache
 from hfspec.kernels.lean_layers import (
     _ACTS,
@@ -225,11 +227,17 @@ class LeanDecoder(nn.Module):
 
     @torch.no_grad()
     def logits(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None, attention_mask: torch.Tensor | None,
-               cache: LeanCache, logits_to_keep: int = 0) -> torch.Tensor:
-        """Run over `input_ids` after what `cache` holds; logits of the last `logits_to_keep` positions (0: all)."""
+               cache: LeanCache, logits_to_keep: int = 0, native: bool = True) -> torch.Tensor:
+        """Run over `input_ids` after what `cache` holds; logits of the last `logits_to_keep` positions (0: all).
+        native=False: not through the native C step (`hfspec.kernels.native_step`, what it is checked against)."""
         batch, steps = input_ids.shape
         start = cache.length
         end = start + steps
+        if (native and batch == 1 and attention_mask is None and steps <= native_step.MAX_ROWS
+                and (step := native_step.of(self)) is not None
+                and (position_ids is None or position_ids.view(-1).tolist() == list(range(start, end)))):
+            h = step(input_ids, start, cache)
+            return self._logits_of(h[:, -logits_to_keep:] if logits_to_keep else h)
         if (self.compiled_step is not None and steps <= COMPILED_FEED_MAX and batch == 1 and attention_mask is None
                 and (position_ids is None or position_ids.view(-1).tolist() == list(range(start, end)))):
             keep = steps if logits_to_keep == 0 else min(logits_to_keep, steps)
@@ -380,21 +388,3 @@ def _built_blocks(layers, bits: int | None, group_size: int, progress, codes: di
             say(f"building the draft: layer {i + 1}/{len(layers)} ({spent:.0f} s)")
             shown = spent
     return blocks
-
-
-def _attention_mask(start: int, end: int, steps: int, valid: torch.Tensor | None, window: int | None):
-    """Boolean mask [B|1, 1, T, S] over cache slots (None when every query may see every slot): causal, holes
-    masked, and for sliding-window layers keys within `window` slots (positions equal slots in a batch of one;
-    in a batch with holes the window is a little wider, which a proposal may be)."""
-    sliding = window is not None and end > window
-    if steps == 1 and valid is None and not sliding:
-        return None
-    query = start + torch.arange(steps)[:, None]
-    slot = torch.arange(end)[None, :]
-    mask = slot <= query
-    if sliding:
-        mask = mask & (slot > query - window)
-    mask = mask[None, None]
-    return mask if valid is None else mask & valid[:, None, None, :end].bool()
-
-

@@ -38,3 +38,21 @@ def attend_many(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask:
     scores = (q.unsqueeze(4) * keys[:, :, None, None]).sum(-1) * scale  # [B, H_kv, G, T, S]
     weights = torch.softmax(scores.masked_fill(~mask.view(1, 1, 1, steps, -1), -float("inf")), dim=-1)
     return (weights.unsqueeze(-1) * values[:, :, None, None]).sum(4).reshape(batch, heads, steps, dim)
+
+
+def attention_mask(start: int, end: int, steps: int, valid: torch.Tensor | None, window: int | None):
+    """Boolean mask [B|1, 1, T, S] over cache slots (None when every query may see every slot): causal, holes
+    masked, and for sliding-window layers keys within `window` slots (positions equal slots in a batch of one;
+    in a batch with holes the window is a little wider, which a proposal may be)."""
+    sliding = window is not None and end > window
+    if steps == 1 and valid is None and not sliding:
+        return None
+    query = start + torch.arange(steps)[:, None]
+    slot = torch.arange(end)[None, :]
+    mask = slot <= query
+    if sliding:
+        mask = mask & (slot > query - window)
+    mask = mask[None, None]
+    return mask if valid is None else mask & valid[:, None, None, :end].bool()
+
+

@@ -56,6 +56,8 @@ from hfspec.errors import bad_value, first_line
 from hfspec.kernels.cpu import cpu_kind
 
 SOURCE = Path(__file__).with_name("rows_kernel.c")
+# built into one library with it: the native draft step (`hfspec.kernels.native_step`), which calls its int4 kernel
+SOURCES = (SOURCE, Path(__file__).with_name("lean_step.c"))
 KERNEL_DIR_ENV = "HFSPEC_KERNEL_DIR"
 MODE_ENV = "HFSPEC_ROWS_KERNEL"
 MODES = ("auto", "on", "off")
@@ -289,7 +291,7 @@ def _flags() -> list[str]:
 
 def _library(compiler: str, flags: list[str]) -> Path:
     """The compiled library's path, compiling it first if it is not in the folder (temporary file, then rename)."""
-    source = SOURCE.read_bytes()
+    source = b"\0".join(path.read_bytes() for path in SOURCES)
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = hashlib.sha256(b"\0".join([source, version.encode(), " ".join(flags).encode(), _cpu_id().encode()]))
     folder = kernel_dir()
@@ -299,7 +301,7 @@ def _library(compiler: str, flags: list[str]) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     partial = folder / f".{library.name}.{os.getpid()}.tmp"
     try:
-        done = subprocess.run([compiler, str(SOURCE), "-o", str(partial), *flags], capture_output=True, text=True,
+        done = subprocess.run([compiler, *map(str, SOURCES), "-o", str(partial), *flags], capture_output=True, text=True,
                               timeout=BUILD_TIMEOUT)
         if done.returncode != 0:
             raise OSError(f"{Path(compiler).name} failed: {(done.stderr or done.stdout).strip()[:300]}")

@@ -1,0 +1,192 @@
+"""The native draft step: a 4-bit lean draft's decoder layers over a few new tokens in one C call
+(`lean_step.c`'s `hfspec_lean_layers`, built into the verify kernel's library), instead of a compiled or eager graph.
+
+Why: a draft step of SmolLM2-135M reads 121 int4 matrices. Their products through hfspec's int4 kernel took 3.9 ms
+on the 2-core Intel Xeon without AMX, the compiled step (inductor, C++ wrapper, torch's int4 kernel) 6.7 ms and the
+eager lean step 10.3 ms: the rest is the per-operator cost of a few hundred small kernels and, compiled, torch's
+slower int4 kernel (`hfspec.kernels.int4_rows`). In C a layer is four kernel calls and a few loops over the
+hidden size. `benchmarks/bench_steps.py` measures the steps side by side.
+
+Used by `LeanDecoder.logits` for feeds of 1..`MAX_ROWS` tokens at consecutive positions, batch 1, no padding mask
+(a round's draft steps and catch-up feeds; a compiled draft's tree levels, prompts and batches keep their own
+paths; all write the same cache). Runs where every decoder matrix is int4 through hfspec's int4 kernel (rtn2-4 and
+calibrated 4-bit drafts, any head) and the layer is one this C reproduces: RMSNorm before attention and MLP, no
+q/k norm, no sandwich norms, one rotary type, no sliding window, SiLU or GeLU. The input embedding, the final norm
+and the head (with its re-scored top logits) stay in torch: one row each.
+
+Checked against the eager lean step when first used (a prompt, one-token steps and a two-token feed; logits within
+`TOLERANCE` of their scale); where it is off, cannot be built, or disagrees, the other paths run and `status`
+says why. `$HFSPEC_NATIVE_STEP`: "auto" (the default) and "on" use it where it builds and checks, "off" never.
+The draft's q is the same deterministic function of the context whichever path computes it in a run, and a
+proposal: the output law does not depend on it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from hfspec.kernels import int4_rows, verify_linear
+from hfspec.kernels.lean_layers import _activation_name
+
+MODE_ENV = "HFSPEC_NATIVE_STEP"
+FUNCTION = "hfspec_lean_layers"
+MAX_ROWS = 8  # feeds of up to this many tokens run as one call
+PTRS_PER_LAYER = 14  # lean_step.c's: (packed, scales_and_zeros, bias) of qkv, o, gate_up, down; two norms
+HEADER = 16
+ACTS = {"silu": 0, "swish": 0, "gelu_pytorch_tanh": 1, "gelu_new": 1, "gelu": 2}
+TOLERANCE = 1e-4  # of the logits' scale: float summation order only (the products are the same kernel's)
+CHECK_IDS = (1, 7, 3, 11, 5, 2, 9, 4)
+STATE = "_hfspec_native_step"  # a decoder's (native step or None, what runs or why not)
+
+
+def mode() -> str:
+    """`$HFSPEC_NATIVE_STEP` ("auto" when unset; another value refused by name)."""
+    return verify_linear.mode(MODE_ENV)
+
+
+def why_not(decoder) -> str | None:
+    """None when `decoder` (a `LeanDecoder`) can take the native step; otherwise why not."""
+    if mode() == "off":
+        return f"{MODE_ENV}=off"
+    config = decoder.config.get_text_config() if hasattr(decoder.config, "get_text_config") else decoder.config
+    act = _activation_name(config)
+    if act not in ACTS:
+        return f"activation {act!r}"
+    if len(decoder.rope_types) != 1:
+        return "more than one rotary type"
+    for i, block in enumerate(decoder.blocks):
+        if block.order is not None:
+            return "the target's own weights (the lean target)"
+        if block.qk_norm is not None or block.attn_out_norm is not None or block.mlp_out_norm is not None:
+            return f"layer {i}: q/k or sandwich norms"
+        if block.window is not None:
+            return f"layer {i}: a sliding window"
+        if block.mlp_in_norm is None or block.in_norm is None:
+            return f"layer {i}: a layer without its two norms"
+        for lin in block.linears():
+            if not getattr(lin, "int4", False):
+                return f"layer {i}: a matrix that is not int4 ({lin.path})"
+    if int4_rows.function() is None:
+        return int4_rows.status()
+    return None
+
+
+class NativeStep:
+    """`decoder`'s layers through `lean_step.c`; call as `step(input_ids [1, T], start, cache)` -> h [1, T, hidden]."""
+
+    def __init__(self, decoder, fn) -> None:
+        self.decoder, self.fn = decoder, fn
+        blocks = decoder.blocks
+        first = blocks[0]
+        config = decoder.config.get_text_config() if hasattr(decoder.config, "get_text_config") else decoder.config
+        self.header = [len(blocks), decoder.hidden, first.heads, first.kv_heads, first.head_dim, first.rot, first.inter,
+                       0, 0, ACTS[_activation_name(config)], 0] + [0] * (HEADER - 11)
+        groups, tensors = [], []
+        for block in blocks:
+            if (block.heads, block.kv_heads, block.head_dim, block.rot, block.inter) != tuple(self.header[2:7]):
+                raise ValueError("native step: layers of different shapes")
+            for lin in block.linears():
+                tensors += [lin.packed, lin.scales_and_zeros, lin.bias]
+                groups.append(lin.group_size)
+            tensors += [block.in_norm.float().contiguous(), block.mlp_in_norm.float().contiguous()]
+        self.eps, self.scaling = float(first.eps), float(first.scaling)
+        if any(block.eps != first.eps or block.scaling != first.scaling for block in blocks):
+            raise ValueError("native step: layers with different eps or scaling")
+        self._tensors = tensors  # kept alive: the C reads them through `self._ptrs`
+        self._ptrs = (ctypes.c_void_p * len(tensors))(*[None if t is None else t.data_ptr() for t in tensors])
+        self._groups = groups
+        self._first = first.qkv.packed
+
+    def stale(self) -> bool:
+        """Whether the decoder's weights were replaced since this step read their addresses."""
+        return self.decoder.blocks[0].qkv.packed is not self._first
+
+    def __call__(self, input_ids: torch.Tensor, start: int, cache) -> torch.Tensor:
+        steps = input_ids.shape[1]
+        end = start + steps
+        cache.reserve(1, end)
+        decoder = self.decoder
+        h = torch.nn.functional.embedding(input_ids.view(-1), decoder.embed_table).float()
+        if decoder.embed_scale is not None:
+            h = h * decoder.embed_scale
+        h = h.contiguous()
+        rope = decoder._table(decoder.rope_types[0], end)[start:end].contiguous()
+        keys, values = cache.keys, cache.values
+        if not all(t.is_contiguous() and t.dtype == torch.float32 for t in keys + values):
+            raise ValueError("native step: a cache that is not contiguous fp32")
+        dims = (ctypes.c_int64 * (HEADER + len(self._groups)))(
+            *self.header[:7], keys[0].shape[2], start, self.header[9], steps, *self.header[11:], *self._groups)
+        kp = (ctypes.c_void_p * len(keys))(*[t.data_ptr() for t in keys])
+        vp = (ctypes.c_void_p * len(values))(*[t.data_ptr() for t in values])
+        status = self.fn(h.data_ptr(), dims, self._ptrs, rope.data_ptr(), kp, vp, self.eps, self.scaling,
+                         torch.get_num_threads())
+        if status:
+            raise RuntimeError(f"native draft step failed (status {status}) at slots {start}..{end - 1}")
+        cache.length = end
+        return h.view(1, steps, -1)
+
+
+def of(decoder) -> NativeStep | None:
+    """`decoder`'s native step, built and checked on first use (and again after its weights were replaced); None
+    where it is off or does not run (`path_of` says why)."""
+    if mode() == "off" or int4_rows.held():  # within `int4_rows.as_compiled`: what a compiled step is checked against
+        return None
+    state = decoder.__dict__.get(STATE)
+    if state is None or (state[0] is not None and state[0].stale()):
+        state = build(decoder)
+        decoder.__dict__[STATE] = state
+    return state[0]
+
+
+def path_of(decoder) -> str:
+    """What runs `decoder`'s feeds of 1..MAX_ROWS tokens: the native step, or why not."""
+    if mode() == "off":
+        return f"not the native step ({MODE_ENV}=off)"
+    step = of(decoder)
+    return decoder.__dict__[STATE][1] if step is not None else f"not the native step ({decoder.__dict__[STATE][1]})"
+
+
+def build(decoder) -> tuple[NativeStep | None, str]:
+    """(the native step of `decoder`, what runs) or (None, why not): built and checked against the eager step."""
+    why = why_not(decoder)
+    if why:
+        return None, why
+    loaded, where = verify_linear.load_library()
+    if loaded is None:
+        return None, where
+    try:
+        fn = getattr(loaded, FUNCTION)
+    except AttributeError:
+        return None, f"{where} has no {FUNCTION}"
+    fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_float, ctypes.c_float, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    try:
+        step = NativeStep(decoder, fn)
+        wrong = _check(decoder, step)
+    except (ValueError, RuntimeError) as error:
+        return None, str(error)
+    if wrong:
+        return None, f"the native step disagrees with the eager lean step ({wrong})"
+    return step, f"native C step ({where})"
+
+
+def _check(decoder, step: NativeStep) -> str:
+    """'' when the native step's logits match the eager lean step's over a prompt, one-token steps and a two-token
+    feed; else what differed."""
+    ids = torch.tensor([CHECK_IDS]) % decoder.vocab
+    eager, native = decoder.hfspec_new_cache(), decoder.hfspec_new_cache()
+    compiled, decoder.compiled_step = decoder.compiled_step, None  # the eager lean step: the same int4 kernel
+    try:
+        with torch.no_grad():
+            for start, end in ((0, 4), (4, 5), (5, 7), (7, 8)):
+                want = decoder.logits(ids[:, start:end], None, None, eager, 0, native=False)
+                got = decoder._logits_of(step(ids[:, start:end], start, native))
+                scale = want.abs().max().item() + 1e-6
+                off = (got - want).abs().max().item()
+                if not off <= TOLERANCE * scale:
+                    return f"tokens {start}..{end - 1}: logits off by {off:.2e} at a scale of {scale:.2f}"
+    finally:
+        decoder.compiled_step = compiled
+    return ""
