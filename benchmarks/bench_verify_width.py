@@ -12,11 +12,14 @@ blocked copy of every linear weight for calls of two rows or more; the one-token
 `float32+rows` is fp32 with its linears routed through the few-row kernel (`hfspec.kernels.verify_linear`, as a
 speculative decode runs them; one-row calls keep F.linear). `float32+lean` times the lean target
 (`hfspec.kernels.lean_target`: the target's own weights through hfspec's lean decoder, its linears through the
-few-row kernel) at every width, over the HF forward's one-token step (plain decoding's), in the same rounds.
+few-row kernel; 2-16 positions through the native C step, `hfspec.kernels.native_step`) at every width, over the
+HF forward's one-token step (plain decoding's), in the same rounds, beside the same lean passes with the native step
+off (`HFSPEC_NATIVE_STEP=off`, rows "float32+lean, no native step").
 """
 
 from __future__ import annotations
 
+import os
 from contextlib import nullcontext
 
 import torch
@@ -33,7 +36,26 @@ from common import (
     write_results,
 )
 
-from hfspec.kernels import lean_target, verify_linear
+from hfspec.kernels import lean_target, native_step, verify_linear
+
+
+def native_off(operator):
+    """`operator` run with `$HFSPEC_NATIVE_STEP=off` (read at each call)."""
+    inner = operator.fn
+
+    def run():
+        before = os.environ.get(native_step.MODE_ENV)
+        os.environ[native_step.MODE_ENV] = "off"
+        try:
+            inner()
+        finally:
+            if before is None:
+                os.environ.pop(native_step.MODE_ENV)
+            else:
+                os.environ[native_step.MODE_ENV] = before
+
+    operator.fn = run
+    return operator
 
 
 def main() -> None:
@@ -64,23 +86,26 @@ def main() -> None:
                 decoder, why = lean_target.built(target)
                 if decoder is None:
                     raise SystemExit(f"{dtype}: {why}")
-                timers = {"w1": timers["w1"]} | {f"l{w}": step_timer(decoder, ids, args.context, w) for w in widths}
+                timers = {"w1": timers["w1"]} | {f"l{w}": step_timer(decoder, ids, args.context, w) for w in widths} | {
+                    f"n{w}": native_off(step_timer(decoder, ids, args.context, w)) for w in widths}
             with verify_linear.installed(target) if dtype.endswith("+rows") else nullcontext() as routed:
                 if dtype.endswith("+rows") and not routed:
                     raise SystemExit(f"{dtype}: {verify_linear.status()}")
                 timings = time_operators(timers, args.steps, baseline="w1")
             verdict = verdict_cell(verdict_columns(timings))
-            for w in widths:
-                ratio = time_ratio(timings, f"{lean}{w}", "w1") if w > 1 or lean == "l" else None
-                slope = (ratio.median - 1) / (w - 1) if ratio and w > 1 else None
-                row = {"model": name, "dtype": dtype, "positions": w, "ms": op_ms(timings, f"{lean}{w}").median,
-                       "ratio": ratio.median if ratio else 1.0, "ratio_low": ratio.low if ratio else 1.0,
-                       "ratio_high": ratio.high if ratio else 1.0, "slope": slope}
-                rows.append(row)
-                line = (f"| {name} | {dtype} | {w} | {row['ms']:.2f} | {ratio.cell() if ratio else '1'} | "
-                        f"{'' if slope is None else f'{slope:.3f}'} | {verdict} |")
-                lines.append(line)
-                print(line, flush=True)
+            for kind in [lean] + (["n"] if lean == "l" else []):
+                for w in widths:
+                    ratio = time_ratio(timings, f"{kind}{w}", "w1") if w > 1 or kind != "w" else None
+                    slope = (ratio.median - 1) / (w - 1) if ratio and w > 1 else None
+                    label = dtype + (", no native step" if kind == "n" else "")
+                    row = {"model": name, "dtype": label, "positions": w, "ms": op_ms(timings, f"{kind}{w}").median,
+                           "ratio": ratio.median if ratio else 1.0, "ratio_low": ratio.low if ratio else 1.0,
+                           "ratio_high": ratio.high if ratio else 1.0, "slope": slope}
+                    rows.append(row)
+                    line = (f"| {name} | {label} | {w} | {row['ms']:.2f} | {ratio.cell() if ratio else '1'} | "
+                            f"{'' if slope is None else f'{slope:.3f}'} | {verdict} |")
+                    lines.append(line)
+                    print(line, flush=True)
     write_results(args.out, lines, rows)
 
 

@@ -274,11 +274,12 @@ def profile_key(target, draft, sampled: bool, device="cpu") -> dict:
 
 def _profile_key(target, draft, prices: _Prices, sampled: bool, lean: bool | None = None) -> dict:
     """The profile key; "+lean" on the dtype where a decode's target passes take the lean target (a profile timed
-    through the HF forward would price them high), "step": "native" in the draft's where its steps take the native C
+    through the HF forward would price them high; "+lean+native" where those run the native C step), "step": "native" in the draft's where its steps take the native C
     step (`hfspec.kernels.native_step`; a profile of the compiled step would price them high). `lean`: whether this decode does (None: a one-row chain's)."""
     label = get_attr(draft, DRAFT_SPEC, "") if draft is not None else ""
     lean = lean if lean is not None else draft is not None and lean_target.takes(target)
-    lean = "+lean" if lean else ""
+    decoder = lean_target.built(target)[0] if lean else None
+    lean = ("+lean" + ("+native" if native_step.of(decoder) is not None else "")) if decoder is not None else ""
     native = {"step": "native"} if isinstance(draft, LeanDecoder) and native_step.of(draft) is not None else {}
     return cost_profile.profile_key(target, {"spec": label or type(draft).__name__, "bytes": weight_bytes(draft)
                                              if isinstance(draft, torch.nn.Module) else 0, "storage": prices.storage,

@@ -12,7 +12,7 @@ from tiny_models import build_family
 import hfspec
 from hfspec.drafts import describe
 from hfspec.errors import HfspecError
-from hfspec.kernels import int4_rows, lean_layers, native_step
+from hfspec.kernels import int4_rows, lean_layers, lean_target, native_step
 from hfspec.kernels.lean import LeanDecoder
 
 needs_kernel = pytest.mark.skipif(int4_rows.function() is None, reason="hfspec's int4 kernel does not run here")
@@ -135,7 +135,7 @@ def test_layers_the_c_does_not_reproduce_are_refused_by_name(family, why):
 def test_matrices_that_are_not_int4_are_refused():
     decoder = LeanDecoder(build_family("llama", seed=3, init=0.2), bits=8, group_size=32, head_top=0)
     assert native_step.of(decoder) is None
-    assert "not int4" in native_step.path_of(decoder)
+    assert "neither int4 nor the target" in native_step.path_of(decoder)
 
 
 @needs_kernel
@@ -158,3 +158,25 @@ def test_the_mode_is_honoured_and_a_bad_value_refused(monkeypatch):
     monkeypatch.setenv(native_step.MODE_ENV, "sometimes")
     with pytest.raises(HfspecError, match=native_step.MODE_ENV):
         native_step.of(decoder)
+
+
+@needs_kernel
+@pytest.mark.parametrize("family", ["llama", "qwen2", "phi3 partial rotary"])
+def test_the_lean_targets_passes_take_the_native_step_and_give_the_hf_logits(family, monkeypatch):
+    """The lean target (the target's own fp32 weights, unfused, rotate-half rotary) through the C: its verify-sized
+    passes give the HF forward's logits."""
+    monkeypatch.setenv(lean_target.MODE_ENV, "on")
+    target = _partial_rotary_phi3() if family == "phi3 partial rotary" else build_family(family, seed=3, init=0.2)
+    target = _randomised(target)
+    runner, path = lean_target.runner_for(target)
+    assert runner is not None, path
+    decoder = runner.model
+    step = native_step.of(decoder)
+    assert step is not None, native_step.path_of(decoder)
+    assert step.takes(1) and step.takes(5) and not step.takes(native_step.TARGET_ROWS[1] + 1)  # a prompt: eager
+    ids = torch.tensor([[0, 5, 17, 33, 9, 41, 7, 60, 12, 3, 28, 44, 19, 2]])
+    cache = decoder.hfspec_new_cache()
+    with torch.no_grad():
+        got = torch.cat([decoder.logits(ids[:, a:b], None, None, cache) for a, b in ((0, 6), (6, 11), (11, 12), (12, 14))], 1)
+        want = target(ids).logits
+    torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)

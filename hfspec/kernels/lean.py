@@ -233,9 +233,8 @@ class LeanDecoder(nn.Module):
         batch, steps = input_ids.shape
         start = cache.length
         end = start + steps
-        if (native and batch == 1 and attention_mask is None and steps <= native_step.MAX_ROWS
-                and (step := native_step.of(self)) is not None
-                and (position_ids is None or position_ids.view(-1).tolist() == list(range(start, end)))):
+        if (native and batch == 1 and attention_mask is None and (step := native_step.of(self)) is not None
+                and step.takes(steps) and (position_ids is None or position_ids.view(-1).tolist() == list(range(start, end)))):
             h = step(input_ids, start, cache)
             return self._logits_of(h[:, -logits_to_keep:] if logits_to_keep else h)
         if (self.compiled_step is not None and steps <= COMPILED_FEED_MAX and batch == 1 and attention_mask is None

@@ -29,12 +29,17 @@ import torch
 
 from hfspec.kernels import int4_rows, verify_linear
 from hfspec.kernels.lean_layers import _activation_name
+from hfspec.kernels.shared_linear import SharedLinear
 
 MODE_ENV = "HFSPEC_NATIVE_STEP"
 FUNCTION = "hfspec_lean_layers"
-MAX_ROWS = 8  # feeds of up to this many tokens run as one call
-PTRS_PER_LAYER = 14  # lean_step.c's: (packed, scales_and_zeros, bias) of qkv, o, gate_up, down; two norms
+MAX_ROWS = 8  # a draft's feeds of up to this many tokens run as one call
+TARGET_ROWS = (1, 16)  # the lean target's passes of this many positions
+MATS = 7  # lean_step.c's matrices per layer: q (or a fused qkv), k, v, o, gate (or a fused gate/up), up, down
+PTRS_PER_LAYER = 3 * MATS + 2  # (weight or packed codes, scales_and_zeros, bias) per matrix; two norms
 HEADER = 16
+KIND_INT4, KIND_F32 = 0, 1
+ROT_PAIRS, ROT_HALVES = 0, 1  # a draft's rows permuted for pairs side by side; the target's own (rotate-half)
 ACTS = {"silu": 0, "swish": 0, "gelu_pytorch_tanh": 1, "gelu_new": 1, "gelu": 2}
 TOLERANCE = 1e-4  # of the logits' scale: float summation order only (the products are the same kernel's)
 CHECK_IDS = (1, 7, 3, 11, 5, 2, 9, 4)
@@ -57,8 +62,6 @@ def why_not(decoder) -> str | None:
     if len(decoder.rope_types) != 1:
         return "more than one rotary type"
     for i, block in enumerate(decoder.blocks):
-        if block.order is not None:
-            return "the target's own weights (the lean target)"
         if block.qk_norm is not None or block.attn_out_norm is not None or block.mlp_out_norm is not None:
             return f"layer {i}: q/k or sandwich norms"
         if block.window is not None:
@@ -66,10 +69,26 @@ def why_not(decoder) -> str | None:
         if block.mlp_in_norm is None or block.in_norm is None:
             return f"layer {i}: a layer without its two norms"
         for lin in block.linears():
-            if not getattr(lin, "int4", False):
-                return f"layer {i}: a matrix that is not int4 ({lin.path})"
-    if int4_rows.function() is None:
+            if _matrices(lin) is None:
+                return f"layer {i}: a matrix that is neither int4 nor the target's own fp32 ({lin.path})"
+    if any(getattr(lin, "int4", False) for block in decoder.blocks for lin in block.linears()) and (
+            int4_rows.function() is None):
         return int4_rows.status()
+    return None
+
+
+def _matrices(lin) -> list[tuple] | None:
+    """[(kind, weight or packed codes, scales_and_zeros or None, bias or None, n, k, group)] of a lean matrix's
+    parts, or None where the C cannot read it: an int4 `LeanLinear`, or the lean target's `SharedLinear` parts
+    (the target's own fp32 tensors, contiguous)."""
+    if isinstance(lin, SharedLinear):
+        if not all(w.dtype == torch.float32 and w.is_contiguous() and (b is None or (b.dtype == torch.float32 and
+                   b.is_contiguous())) for w, b in lin.parts):
+            return None
+        return [(KIND_F32, w, None, b, w.shape[0], w.shape[1], 0) for w, b in lin.parts]
+    if getattr(lin, "int4", False):
+        return [(KIND_INT4, lin.packed, lin.scales_and_zeros, lin.bias, lin.out_features, lin.in_features,
+                 lin.group_size)]
     return None
 
 
@@ -83,25 +102,33 @@ class NativeStep:
         config = decoder.config.get_text_config() if hasattr(decoder.config, "get_text_config") else decoder.config
         self.header = [len(blocks), decoder.hidden, first.heads, first.kv_heads, first.head_dim, first.rot, first.inter,
                        0, 0, ACTS[_activation_name(config)], 0] + [0] * (HEADER - 11)
-        groups, tensors = [], []
+        matrices, tensors = [], []
         for block in blocks:
             if (block.heads, block.kv_heads, block.head_dim, block.rot, block.inter) != tuple(self.header[2:7]):
                 raise ValueError("native step: layers of different shapes")
-            for lin in block.linears():
-                tensors += [lin.packed, lin.scales_and_zeros, lin.bias]
-                groups.append(lin.group_size)
+            qkv, o, gate_up, down = (_matrices(lin) for lin in block.linears())
+            slots = _padded(qkv, 3) + o + _padded(gate_up, 2) + down
+            for kind, w, sz, b, n, k, group in slots:
+                tensors += [w, sz, b]
+                matrices += [kind, n, k, group]
             tensors += [block.in_norm.float().contiguous(), block.mlp_in_norm.float().contiguous()]
+        self.header[11] = ROT_HALVES if first.order is not None else ROT_PAIRS
+        self.rows = TARGET_ROWS if first.order is not None else (1, MAX_ROWS)
         self.eps, self.scaling = float(first.eps), float(first.scaling)
         if any(block.eps != first.eps or block.scaling != first.scaling for block in blocks):
             raise ValueError("native step: layers with different eps or scaling")
         self._tensors = tensors  # kept alive: the C reads them through `self._ptrs`
         self._ptrs = (ctypes.c_void_p * len(tensors))(*[None if t is None else t.data_ptr() for t in tensors])
-        self._groups = groups
-        self._first = first.qkv.packed
+        self._matrices = matrices
+        self._first = _matrices(first.qkv)[0][1]
+
+    def takes(self, steps: int) -> bool:
+        """Whether a feed of `steps` tokens runs here (a draft's 1..MAX_ROWS, the lean target's TARGET_ROWS)."""
+        return self.rows[0] <= steps <= self.rows[1]
 
     def stale(self) -> bool:
         """Whether the decoder's weights were replaced since this step read their addresses."""
-        return self.decoder.blocks[0].qkv.packed is not self._first
+        return _matrices(self.decoder.blocks[0].qkv)[0][1] is not self._first
 
     def __call__(self, input_ids: torch.Tensor, start: int, cache) -> torch.Tensor:
         steps = input_ids.shape[1]
@@ -116,8 +143,8 @@ class NativeStep:
         keys, values = cache.keys, cache.values
         if not all(t.is_contiguous() and t.dtype == torch.float32 for t in keys + values):
             raise ValueError("native step: a cache that is not contiguous fp32")
-        dims = (ctypes.c_int64 * (HEADER + len(self._groups)))(
-            *self.header[:7], keys[0].shape[2], start, self.header[9], steps, *self.header[11:], *self._groups)
+        dims = (ctypes.c_int64 * (HEADER + len(self._matrices)))(
+            *self.header[:7], keys[0].shape[2], start, self.header[9], steps, *self.header[11:], *self._matrices)
         kp = (ctypes.c_void_p * len(keys))(*[t.data_ptr() for t in keys])
         vp = (ctypes.c_void_p * len(values))(*[t.data_ptr() for t in values])
         status = self.fn(h.data_ptr(), dims, self._ptrs, rope.data_ptr(), kp, vp, self.eps, self.scaling,
@@ -126,6 +153,11 @@ class NativeStep:
             raise RuntimeError(f"native draft step failed (status {status}) at slots {start}..{end - 1}")
         cache.length = end
         return h.view(1, steps, -1)
+
+
+def _padded(parts: list[tuple], slots: int) -> list[tuple]:
+    """A fused matrix in the first of `slots` places, unused ones (n = 0) after it."""
+    return parts + [(KIND_F32, None, None, None, 0, 0, 0)] * (slots - len(parts))
 
 
 def of(decoder) -> NativeStep | None:
@@ -182,6 +214,9 @@ def _check(decoder, step: NativeStep) -> str:
         with torch.no_grad():
             for start, end in ((0, 4), (4, 5), (5, 7), (7, 8)):
                 want = decoder.logits(ids[:, start:end], None, None, eager, 0, native=False)
+                if not step.takes(end - start):  # the lean target's one position: both caches fed alike
+                    decoder.logits(ids[:, start:end], None, None, native, 0, native=False)
+                    continue
                 got = decoder._logits_of(step(ids[:, start:end], start, native))
                 scale = want.abs().max().item() + 1e-6
                 off = (got - want).abs().max().item()
