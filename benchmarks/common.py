@@ -143,7 +143,9 @@ def against_plain(target, ids, runs: dict, temperature: float, tokens: int, repe
     sample = (dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0
               else dict(do_sample=False))
 
-    from hfspec.kernels import verify_linear
+    import torch
+
+    from hfspec.kernels import lean_target, verify_linear
 
     prompts = ids if isinstance(ids, list) else [ids]
 
@@ -154,9 +156,24 @@ def against_plain(target, ids, runs: dict, temperature: float, tokens: int, repe
         with verify_linear.installed(target, one_row=True):
             plain(r)
 
+    def plain_lean(r):  # plain decoding, one token a pass, through the lean target (its native step where it runs)
+        decoder = lean_target.built(target)[0]
+        generator = torch.Generator().manual_seed(seed + r)
+        cache = decoder.hfspec_new_cache()
+        with torch.no_grad():
+            logits = decoder.logits(prompts[r % len(prompts)], None, None, cache, 1)
+            for _ in range(tokens - 1):
+                last = logits[:, -1].float()
+                token = (torch.multinomial(torch.softmax(last / temperature, -1), 1, generator=generator)
+                         if temperature > 0 else last.argmax(-1, keepdim=True))
+                logits = decoder.logits(token, None, None, cache, 1)
+
     # where a speculative decode's verify passes take the few-row kernel, plain decoding through that kernel too:
-    # the kernel also speeds up one-row products on some CPUs, and "vs plain+kernel" is speculation's own share
+    # the kernel also speeds up one-row products on some CPUs, and "vs plain+kernel" is speculation's own share;
+    # where they take the lean target, plain decoding through it too ("vs plain+lean": the same, for those passes)
     also = {"plain+kernel": wall(plain_rows, tokens)} if verify_linear.active_for(target) else {}
+    if lean_target.takes(target):
+        also["plain+lean"] = wall(plain_lean, tokens)
 
     def speculative(key):
         draft, gamma, *more = runs[key]
@@ -193,11 +210,12 @@ def against_plain(target, ids, runs: dict, temperature: float, tokens: int, repe
                     "round_strata": timings.kept_strata,  # each kept round's prompt (None: one prompt)
                     "plain_round_rates": [k["plain"].rate for k in timings.kept],
                     **ruler_columns(timings, key)}
-        if also:  # speculation's own share: over plain decoding through the same kernel, round by round
-            share = paired(out[key], {"round_rates": [k["plain+kernel"].rate for k in timings.kept]})
-            out[key].update(vs_plain_kernel=share.median, vs_plain_kernel_low=share.low,
-                            vs_plain_kernel_high=share.high,
-                            plain_kernel_tok_s=statistics.median(k["plain+kernel"].rate for k in timings.kept))
+        for base, name in (("plain+kernel", "kernel"), ("plain+lean", "lean")):
+            if base in also:  # speculation's own share: over plain decoding through the same path, round by round
+                share = paired(out[key], {"round_rates": [k[base].rate for k in timings.kept]})
+                out[key].update({f"vs_plain_{name}": share.median, f"vs_plain_{name}_low": share.low,
+                                 f"vs_plain_{name}_high": share.high,
+                                 f"plain_{name}_tok_s": statistics.median(k[base].rate for k in timings.kept)})
     return out
 
 
