@@ -11,7 +11,7 @@ re-measured, a stability verdict; with several prompts, outliers and intervals a
 and the figure is the geometric mean of the prompts' medians, their range shown in the verdict). α and tokens per pass are pooled over the kept rounds. "vs chain": a γ "auto"
 row's tokens/s over its draft's fastest fixed-γ row, a tree row's over its draft's chain at the same γ, a row
 with a "+hf" twin (γ written 5+hf: the target's passes through the HF forward instead of the lean target,
-`hfspec.kernels.lean_target`) or a "+nonative" one (the draft's steps without `hfspec.kernels.native_step`) over that twin, as the median of per-round ratios (both ran in every round: rows compared this way share the rounds' drift, which a
+`hfspec.kernels.lean_target`) or a "+nonative" one (without `hfspec.kernels.native_step`, draft and lean target alike) over that twin, as the median of per-round ratios (both ran in every round: rows compared this way share the rounds' drift, which a
 comparison of two "vs plain" columns does not cancel). Where a speculative decode's verify passes take the few-row
 kernel (`hfspec.kernels.verify_linear`), plain decoding is timed through it too, one-row products included, in the
 same rounds: "vs plain through the kernel" is speculation's own share of the speed-up; where they take the lean
@@ -32,7 +32,7 @@ import torch
 
 # a gamma's suffix -> the environment of its twin row, paired with the same row without it ("vs chain")
 TWINS = {"+hf": {"HFSPEC_LEAN_TARGET": "off"},  # the target's passes through the HF forward, not the lean target
-         "+nonative": {"HFSPEC_NATIVE_STEP": "off"}}  # the draft's steps compiled (or eager), not the native C step
+         "+nonative": {"HFSPEC_NATIVE_STEP": "off"}}  # no native C step: the draft compiled, the lean target eager
 MARK = "<!-- results: filled by benchmarks/bench_results.py --docs -->"
 LABELS = {"smollm2": "SmolLM2-135M as shipped (4-bit-exact for rtn4: a best case)",
           "smollm2-offgrid": "SmolLM2-135M off the grid", "micro": "micro (embedded, 1.8M)"}
@@ -45,8 +45,8 @@ def main() -> None:
                    "gptq4-compiled:auto:auto,int8:4,int8:auto,int8:auto:auto",
                    help="draft:gamma or draft:gamma:tree (tree auto: a token tree), comma-separated; gamma auto+priors: "
                         "γ auto without a saved cost profile; a gamma ending +hf (4+hf, auto+hf): the target's passes "
-                        "through the HF forward (HFSPEC_LEAN_TARGET=off), +nonative: the draft's steps without the "
-                        "native C step (HFSPEC_NATIVE_STEP=off); each paired with the same row without it")
+                        "through the HF forward (HFSPEC_LEAN_TARGET=off), +nonative: without the native C step, draft "
+                        "and lean target (HFSPEC_NATIVE_STEP=off); each paired with the same row without it")
     p.add_argument("--dtypes", default="float32,bfloat16",
                    help="comma-separated; float32+prepack: fp32 with hfspec.kernels.fast_linear.prepack")
     p.add_argument("--temperatures", default="0,1")
@@ -166,7 +166,7 @@ def _options(gamma: str, tree) -> dict:
     """hfspec.generate's keywords for a run: its tree; "auto+priors": γ auto priced from the priors alone (no saved
     cost profile), beside "auto", which takes this machine's profile where `--profile` measured one; "+hf" at the
     end: the target's passes through the HF forward, not the lean target (`hfspec.kernels.lean_target`); "+nonative":
-    the draft's steps without the native C step (`hfspec.kernels.native_step`)."""
+    without the native C step (`hfspec.kernels.native_step`) in the draft and the lean target."""
     env = {"HFSPEC_COST_PROFILE": "off"} if "+priors" in gamma else {}
     for suffix, twin in TWINS.items():
         env |= twin if gamma.endswith(suffix) else {}

@@ -12,7 +12,7 @@ blocked copy of every linear weight for calls of two rows or more; the one-token
 `float32+rows` is fp32 with its linears routed through the few-row kernel (`hfspec.kernels.verify_linear`, as a
 speculative decode runs them; one-row calls keep F.linear). `float32+lean` times the lean target
 (`hfspec.kernels.lean_target`: the target's own weights through hfspec's lean decoder, its linears through the
-few-row kernel; 2-16 positions through the native C step, `hfspec.kernels.native_step`) at every width, over the
+few-row kernel; 1-16 positions through the native C step, `hfspec.kernels.native_step`) at every width, over the
 HF forward's one-token step (plain decoding's), in the same rounds, beside the same lean passes with the native step
 off (`HFSPEC_NATIVE_STEP=off`, rows "float32+lean, no native step").
 """

@@ -156,8 +156,10 @@ def against_plain(target, ids, runs: dict, temperature: float, tokens: int, repe
         with verify_linear.installed(target, one_row=True):
             plain(r)
 
+    lean = lean_target.built(target)[0] if lean_target.takes(target) else None
+
     def plain_lean(r):  # plain decoding, one token a pass, through the lean target (its native step where it runs)
-        decoder = lean_target.built(target)[0]
+        decoder = lean
         generator = torch.Generator().manual_seed(seed + r)
         cache = decoder.hfspec_new_cache()
         with torch.no_grad():
@@ -172,7 +174,7 @@ def against_plain(target, ids, runs: dict, temperature: float, tokens: int, repe
     # the kernel also speeds up one-row products on some CPUs, and "vs plain+kernel" is speculation's own share;
     # where they take the lean target, plain decoding through it too ("vs plain+lean": the same, for those passes)
     also = {"plain+kernel": wall(plain_rows, tokens)} if verify_linear.active_for(target) else {}
-    if lean_target.takes(target):
+    if lean is not None:
         also["plain+lean"] = wall(plain_lean, tokens)
 
     def speculative(key):

@@ -174,9 +174,30 @@ def test_the_lean_targets_passes_take_the_native_step_and_give_the_hf_logits(fam
     step = native_step.of(decoder)
     assert step is not None, native_step.path_of(decoder)
     assert step.takes(1) and step.takes(5) and not step.takes(native_step.TARGET_ROWS[1] + 1)  # a prompt: eager
-    ids = torch.tensor([[0, 5, 17, 33, 9, 41, 7, 60, 12, 3, 28, 44, 19, 2]])
-    cache = decoder.hfspec_new_cache()
-    with torch.no_grad():
-        got = torch.cat([decoder.logits(ids[:, a:b], None, None, cache) for a, b in ((0, 6), (6, 11), (11, 12), (12, 14))], 1)
-        want = target(ids).logits
-    torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
+    ids = torch.randint(3, 90, (1, 28), generator=torch.Generator().manual_seed(2))
+    # native alone, then a prompt longer than TARGET_ROWS (the eager step writes its cache) followed by native
+    # passes that read it: a cache layout other than the eager step's would attend to the prompt wrongly
+    for feeds in (((0, 6), (6, 11), (11, 12), (12, 14)), ((0, 20), (20, 25), (25, 26), (26, 28))):
+        cache = decoder.hfspec_new_cache()
+        end = feeds[-1][1]
+        with torch.no_grad():
+            got = torch.cat([decoder.logits(ids[:, a:b], None, None, cache) for a, b in feeds], 1)
+            want = target(ids[:, :end]).logits
+        torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
+
+
+@needs_kernel
+def test_a_used_decoder_can_be_copied_and_is_not_kept_alive():
+    import copy
+    import gc
+    import weakref
+
+    decoder = _decoder("llama")
+    assert native_step.of(decoder) is not None
+    twin = copy.deepcopy(decoder)  # its native step is its own, built on first use, reading its own tensors
+    step = native_step.of(twin)
+    assert step is not None and step.decoder is twin and step is not native_step.of(decoder)
+    gone = weakref.ref(decoder)
+    del decoder
+    gc.collect()
+    assert gone() is None

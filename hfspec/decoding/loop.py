@@ -28,7 +28,7 @@ from hfspec.decoding.stats import RoundEvent, SpecStats
 from hfspec.decoding.stopping import Stopper
 from hfspec.decoding.verifier import Verifier
 from hfspec.drafts.base import AttachesToTarget, Draft, NoDraft, attach_draft
-from hfspec.kernels import lean_target, verify_linear
+from hfspec.kernels import lean_target, native_step, verify_linear
 from hfspec.kernels.kv_model import CachedModel, Runner
 from hfspec.kernels.lean import LeanRunner
 from hfspec.kernels.slots import Slots
@@ -103,6 +103,8 @@ def target_runner(target, draft: Draft, batch: int, verifier: Verifier, stats: S
         stats.target_path = "HF forward"
         return CachedModel(target)
     runner, path = lean_target.runner_for(target, batch)
+    if runner is not None and native_step.of(runner.model) is not None:
+        path += ", native C step"  # its passes of 1-16 positions (`hfspec.kernels.native_step`)
     stats.target_path = path if runner is not None else f"HF forward ({path})"
     return runner if runner is not None else CachedModel(target)
 

@@ -229,7 +229,8 @@ class LeanDecoder(nn.Module):
     def logits(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None, attention_mask: torch.Tensor | None,
                cache: LeanCache, logits_to_keep: int = 0, native: bool = True) -> torch.Tensor:
         """Run over `input_ids` after what `cache` holds; logits of the last `logits_to_keep` positions (0: all).
-        native=False: not through the native C step (`hfspec.kernels.native_step`, what it is checked against)."""
+        native=False: the eager lean step, neither the native C step (`hfspec.kernels.native_step`) nor the compiled
+        one: what the native step is checked against."""
         batch, steps = input_ids.shape
         start = cache.length
         end = start + steps
@@ -237,7 +238,7 @@ class LeanDecoder(nn.Module):
                 and step.takes(steps) and (position_ids is None or position_ids.view(-1).tolist() == list(range(start, end)))):
             h = step(input_ids, start, cache)
             return self._logits_of(h[:, -logits_to_keep:] if logits_to_keep else h)
-        if (self.compiled_step is not None and steps <= COMPILED_FEED_MAX and batch == 1 and attention_mask is None
+        if (native and self.compiled_step is not None and steps <= COMPILED_FEED_MAX and batch == 1 and attention_mask is None
                 and (position_ids is None or position_ids.view(-1).tolist() == list(range(start, end)))):
             keep = steps if logits_to_keep == 0 else min(logits_to_keep, steps)
             if steps == PAIR and keep == 1 and self.compiled_step.fn_pair is not None:

@@ -24,6 +24,8 @@ proposal: the output law does not depend on it.
 from __future__ import annotations
 
 import ctypes
+import threading
+import weakref
 
 import torch
 
@@ -43,7 +45,10 @@ ROT_PAIRS, ROT_HALVES = 0, 1  # a draft's rows permuted for pairs side by side; 
 ACTS = {"silu": 0, "swish": 0, "gelu_pytorch_tanh": 1, "gelu_new": 1, "gelu": 2}
 TOLERANCE = 1e-4  # of the logits' scale: float summation order only (the products are the same kernel's)
 CHECK_IDS = (1, 7, 3, 11, 5, 2, 9, 4)
-STATE = "_hfspec_native_step"  # a decoder's (native step or None, what runs or why not)
+# decoder -> (native step or None, what runs or why not): beside the decoder, not in it (a deep copy of a decoder
+# must not copy ctypes pointers into the original's memory)
+_STATE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_lock = threading.RLock()
 
 
 def mode() -> str:
@@ -87,6 +92,10 @@ def _matrices(lin) -> list[tuple] | None:
             return None
         return [(KIND_F32, w, None, b, w.shape[0], w.shape[1], 0) for w, b in lin.parts]
     if getattr(lin, "int4", False):
+        if not (lin.packed.dtype == torch.uint8 and lin.scales_and_zeros.dtype == torch.bfloat16
+                and lin.packed.is_contiguous() and lin.scales_and_zeros.is_contiguous()
+                and (lin.bias is None or (lin.bias.dtype == torch.float32 and lin.bias.is_contiguous()))):
+            return None
         return [(KIND_INT4, lin.packed, lin.scales_and_zeros, lin.bias, lin.out_features, lin.in_features,
                  lin.group_size)]
     return None
@@ -96,7 +105,7 @@ class NativeStep:
     """`decoder`'s layers through `lean_step.c`; call as `step(input_ids [1, T], start, cache)` -> h [1, T, hidden]."""
 
     def __init__(self, decoder, fn) -> None:
-        self.decoder, self.fn = decoder, fn
+        self._decoder, self.fn = weakref.ref(decoder), fn  # weak: `_STATE`'s value must not keep its key alive
         blocks = decoder.blocks
         first = blocks[0]
         config = decoder.config.get_text_config() if hasattr(decoder.config, "get_text_config") else decoder.config
@@ -122,13 +131,18 @@ class NativeStep:
         self._matrices = matrices
         self._first = _matrices(first.qkv)[0][1]
 
+    @property
+    def decoder(self):
+        return self._decoder()
+
     def takes(self, steps: int) -> bool:
         """Whether a feed of `steps` tokens runs here (a draft's 1..MAX_ROWS, the lean target's TARGET_ROWS)."""
         return self.rows[0] <= steps <= self.rows[1]
 
     def stale(self) -> bool:
         """Whether the decoder's weights were replaced since this step read their addresses."""
-        return _matrices(self.decoder.blocks[0].qkv)[0][1] is not self._first
+        now = _matrices(self.decoder.blocks[0].qkv)
+        return now is None or now[0][1] is not self._first
 
     def __call__(self, input_ids: torch.Tensor, start: int, cache) -> torch.Tensor:
         steps = input_ids.shape[1]
@@ -150,7 +164,7 @@ class NativeStep:
         status = self.fn(h.data_ptr(), dims, self._ptrs, rope.data_ptr(), kp, vp, self.eps, self.scaling,
                          torch.get_num_threads())
         if status:
-            raise RuntimeError(f"native draft step failed (status {status}) at slots {start}..{end - 1}")
+            raise RuntimeError(f"native step failed (status {status}) at slots {start}..{end - 1}")
         cache.length = end
         return h.view(1, steps, -1)
 
@@ -165,19 +179,22 @@ def of(decoder) -> NativeStep | None:
     where it is off or does not run (`path_of` says why)."""
     if mode() == "off" or int4_rows.held():  # within `int4_rows.as_compiled`: what a compiled step is checked against
         return None
-    state = decoder.__dict__.get(STATE)
+    state = _STATE.get(decoder)
     if state is None or (state[0] is not None and state[0].stale()):
-        state = build(decoder)
-        decoder.__dict__[STATE] = state
+        with _lock:
+            state = _STATE.get(decoder)
+            if state is None or (state[0] is not None and state[0].stale()):
+                state = build(decoder)
+                _STATE[decoder] = state
     return state[0]
 
 
 def path_of(decoder) -> str:
-    """What runs `decoder`'s feeds of 1..MAX_ROWS tokens: the native step, or why not."""
+    """What runs `decoder`'s short feeds: the native step, or why not."""
     if mode() == "off":
         return f"not the native step ({MODE_ENV}=off)"
     step = of(decoder)
-    return decoder.__dict__[STATE][1] if step is not None else f"not the native step ({decoder.__dict__[STATE][1]})"
+    return _STATE[decoder][1] if step is not None else f"not the native step ({_STATE[decoder][1]})"
 
 
 def build(decoder) -> tuple[NativeStep | None, str]:
@@ -205,23 +222,20 @@ def build(decoder) -> tuple[NativeStep | None, str]:
 
 
 def _check(decoder, step: NativeStep) -> str:
-    """'' when the native step's logits match the eager lean step's over a prompt, one-token steps and a two-token
-    feed; else what differed."""
+    """'' when the native step's logits match the eager lean step's (`LeanDecoder.logits(native=False)`: neither
+    native nor compiled) over one-token steps and feeds of 2 after an eagerly fed prompt, which both caches hold
+    alike: a native step that wrote or read the cache in another layout would attend to the prompt wrongly.
+    Else what differed."""
     ids = torch.tensor([CHECK_IDS]) % decoder.vocab
     eager, native = decoder.hfspec_new_cache(), decoder.hfspec_new_cache()
-    compiled, decoder.compiled_step = decoder.compiled_step, None  # the eager lean step: the same int4 kernel
-    try:
-        with torch.no_grad():
-            for start, end in ((0, 4), (4, 5), (5, 7), (7, 8)):
-                want = decoder.logits(ids[:, start:end], None, None, eager, 0, native=False)
-                if not step.takes(end - start):  # the lean target's one position: both caches fed alike
-                    decoder.logits(ids[:, start:end], None, None, native, 0, native=False)
-                    continue
-                got = decoder._logits_of(step(ids[:, start:end], start, native))
-                scale = want.abs().max().item() + 1e-6
-                off = (got - want).abs().max().item()
-                if not off <= TOLERANCE * scale:
-                    return f"tokens {start}..{end - 1}: logits off by {off:.2e} at a scale of {scale:.2f}"
-    finally:
-        decoder.compiled_step = compiled
+    with torch.no_grad():
+        decoder.logits(ids[:, :4], None, None, eager, 0, native=False)
+        decoder.logits(ids[:, :4], None, None, native, 0, native=False)
+        for start, end in ((4, 5), (5, 7), (7, 8)):
+            want = decoder.logits(ids[:, start:end], None, None, eager, 0, native=False)
+            got = decoder._logits_of(step(ids[:, start:end], start, native))
+            scale = want.abs().max().item() + 1e-6
+            off = (got - want).abs().max().item()
+            if not off <= TOLERANCE * scale:
+                return f"tokens {start}..{end - 1}: logits off by {off:.2e} at a scale of {scale:.2f}"
     return ""
