@@ -201,3 +201,47 @@ def test_a_used_decoder_can_be_copied_and_is_not_kept_alive():
     del decoder
     gc.collect()
     assert gone() is None
+
+
+def _tree_level_inputs(decoder, prompt: int, width: int, seed: int = 4):
+    """A prompt fed eagerly, then a level of `width` nodes at explicit positions, each seeing the prompt, a random
+    set of the nodes before it and itself (a token tree's shape)."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 90, (1, prompt + width), generator=generator)
+    positions = prompt + torch.randint(0, 3, (width,), generator=generator)
+    allowed = torch.zeros(width, prompt + width, dtype=torch.bool)
+    allowed[:, :prompt] = True
+    for i in range(width):
+        allowed[i, prompt + i] = True
+        allowed[i, prompt:prompt + i] = torch.rand(i, generator=generator) < 0.5
+    return ids, positions, allowed
+
+
+@needs_kernel
+@pytest.mark.parametrize("which", ["draft", "lean target"])
+def test_a_token_tree_level_through_the_native_step_gives_the_eager_levels_logits(which, monkeypatch):
+    from hfspec.decoding.tree_forward import _lean_forward, forward_level
+    from hfspec.kernels.lean import LeanRunner
+
+    if which == "draft":
+        decoder = _decoder("qwen2")
+    else:
+        monkeypatch.setenv(lean_target.MODE_ENV, "on")
+        decoder = lean_target.built(_randomised(build_family("llama", seed=3, init=0.2)))[0]
+    assert native_step.of(decoder) is not None, native_step.path_of(decoder)
+    prompt, width = 7, 6
+    ids, positions, allowed = _tree_level_inputs(decoder, prompt, width)
+    runner = LeanRunner(decoder)
+    with torch.no_grad():
+        decoder.logits(ids[:, :prompt], None, None, runner.cache, native=False)
+        eager_cache = decoder.hfspec_new_cache()
+        decoder.logits(ids[:, :prompt], None, None, eager_cache, native=False)
+        got = forward_level(runner, ids[0, prompt:], positions, allowed, width)
+        want = _lean_forward(decoder, eager_cache, ids[:, prompt:], positions[None], allowed)
+    assert runner.cache.length == eager_cache.length == prompt + width
+    torch.testing.assert_close(got, want, atol=1e-4 * want.abs().max().item(), rtol=1e-4)
+    # the control: the same level with every node seeing every slot (a chain's mask) gives other logits
+    with torch.no_grad():
+        runner.cache.crop(prompt)
+        wrong = forward_level(runner, ids[0, prompt:], positions, torch.ones_like(allowed), width)
+    assert (wrong - want).abs().max() > 1e-2 * want.abs().max()

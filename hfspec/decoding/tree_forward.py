@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from hfspec.kernels import cache as kv
+from hfspec.kernels import native_step
 from hfspec.kernels.compiled_tree import LEVEL_MAX
 from hfspec.kernels.lean import LeanRunner
 from hfspec.kernels.lean_cache import LeanCache
@@ -67,6 +68,12 @@ def feed_token_tree(runner, tokens: torch.Tensor, positions: torch.Tensor, start
 def forward_level(runner, ids: torch.Tensor, pos: torch.Tensor, allowed: torch.Tensor, keep: int) -> torch.Tensor:
     """Logits [1, keep, V] of the last `keep` rows; the lean step or the HF forward with a 4-D mask."""
     if isinstance(runner, LeanRunner):
+        native = native_step.of(runner.model)
+        if native is not None and native.takes(len(ids)):  # the whole level in one C call
+            cache = runner.cache
+            with torch.no_grad():
+                h = native(ids[None], cache.length, cache, pos, allowed)
+                return runner.model._logits_of(h[:, -keep:])
         step = runner.model.compiled_step
         if step is not None and step.tree_level.fn is not None and len(ids) <= LEVEL_MAX:
             return step.tree_level.level(ids[None], pos, allowed, runner.cache)[:, -keep:]

@@ -71,11 +71,13 @@ static float activation(float g, int act) {
   return 0.5f * g * (1.0f + erff(g * 0.7071067811865476f));
 }
 
-/* One query head's attention for row m: o [d] = softmax(q · keys[0..L) · scaling) · values[0..L). */
+/* One query head's attention for row m: o [d] = softmax(q · keys[s] · scaling) · values[s] over the slots s < L
+ * that `seen` marks (NULL: all of them). */
 static void attend(const float* q, const float* keys, const float* values, float* o, float* scores, int64_t L,
-                   int64_t d, float scaling) {
+                   int64_t d, float scaling, const uint8_t* seen) {
   float top = -INFINITY;
   for (int64_t s = 0; s < L; s++) {
+    if (seen && !seen[s]) continue;
     const float* k = keys + s * d;
     float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
@@ -85,11 +87,12 @@ static void attend(const float* q, const float* keys, const float* values, float
   }
   float total = 0.0f;
   for (int64_t s = 0; s < L; s++) {
-    scores[s] = expf(scores[s] - top);
+    scores[s] = (seen && !seen[s]) ? 0.0f : expf(scores[s] - top);
     total += scores[s];
   }
   memset(o, 0, sizeof(float) * d);
   for (int64_t s = 0; s < L; s++) {
+    if (seen && !seen[s]) continue;
     const float* v = values + s * d;
     float w = scores[s] / total;
 #pragma omp simd
@@ -100,9 +103,11 @@ static void attend(const float* q, const float* keys, const float* values, float
 /* hfspec_lean_layers(h [M, hidden] fp32, in place: the embedded tokens in, the last layer's output out;
  * dims: D_HEADER values (above) then per layer MATS × (kind, n, k, group); ptrs: PTRS_PER_LAYER per layer;
  * rope [M, rot/2, 2] (cos, sin) at the M positions; keys, values: per layer [nkv, slots, d] fp32, contiguous;
- * eps, scaling; threads). Returns 0, 1 for bad sizes, 2 out of memory, 3 a product refused. */
+ * seen: NULL (row m attends to slots 0..start+m: consecutive positions) or [M, start + M] bytes, row m attending to
+ * the slots it marks (a token tree's level: each node sees the context and its ancestors); eps, scaling; threads).
+ * Returns 0, 1 for bad sizes, 2 out of memory, 3 a product refused. */
 int hfspec_lean_layers(float* h, const int64_t* dims, const void* const* ptrs, const float* rope, float* const* keys,
-                       float* const* values, float eps, float scaling, int threads) {
+                       float* const* values, const uint8_t* seen, float eps, float scaling, int threads) {
   int64_t layers = dims[D_LAYERS], H = dims[D_HIDDEN], nq = dims[D_NQ], nkv = dims[D_NKV], d = dims[D_HEAD];
   int64_t rot = dims[D_ROT], inter = dims[D_INTER], S = dims[D_SLOTS], start = dims[D_START], M = dims[D_ROWS];
   int act = (int)dims[D_ACT], halves = dims[D_ROTARY] == ROT_HALVES;
@@ -155,8 +160,8 @@ int hfspec_lean_layers(float* h, const int64_t* dims, const void* const* ptrs, c
     for (int64_t m = 0; m < M; m++)
       for (int64_t qh = 0; qh < nq; qh++) {
         int64_t kh = qh / (nq / nkv);
-        attend(y + m * nqkv + qh * d, kc + kh * S * d, vc + kh * S * d, o + m * nq * d + qh * d, scores, start + m + 1,
-               d, scaling);
+        attend(y + m * nqkv + qh * d, kc + kh * S * d, vc + kh * S * d, o + m * nq * d + qh * d, scores,
+               seen ? start + M : start + m + 1, d, scaling, seen ? seen + m * (start + M) : NULL);
       }
     if ((status = products(p, md, M_O, 1, o, x, part, M, threads))) break;
     for (int64_t j = 0; j < M * H; j++) h[j] += x[j];

@@ -35,7 +35,7 @@ from hfspec.kernels.shared_linear import SharedLinear
 
 MODE_ENV = "HFSPEC_NATIVE_STEP"
 FUNCTION = "hfspec_lean_layers"
-MAX_ROWS = 8  # a draft's feeds of up to this many tokens run as one call
+MAX_ROWS = 16  # a draft's feeds and token-tree levels of up to this many tokens run as one call
 TARGET_ROWS = (1, 16)  # the lean target's passes of this many positions
 MATS = 7  # lean_step.c's matrices per layer: q (or a fused qkv), k, v, o, gate (or a fused gate/up), up, down
 PTRS_PER_LAYER = 3 * MATS + 2  # (weight or packed codes, scales_and_zeros, bias) per matrix; two norms
@@ -144,7 +144,11 @@ class NativeStep:
         now = _matrices(self.decoder.blocks[0].qkv)
         return now is None or now[0][1] is not self._first
 
-    def __call__(self, input_ids: torch.Tensor, start: int, cache) -> torch.Tensor:
+    def __call__(self, input_ids: torch.Tensor, start: int, cache, positions: torch.Tensor | None = None,
+                 seen: torch.Tensor | None = None) -> torch.Tensor:
+        """h [1, T, hidden] after the last layer for input_ids [1, T] written at cache slots start..start+T-1, at
+        positions start.. (or `positions` [T]), each attending to the slots before it (or to those row i of `seen`
+        [T, start + T] marks: a token tree's level)."""
         steps = input_ids.shape[1]
         end = start + steps
         cache.reserve(1, end)
@@ -153,7 +157,14 @@ class NativeStep:
         if decoder.embed_scale is not None:
             h = h * decoder.embed_scale
         h = h.contiguous()
-        rope = decoder._table(decoder.rope_types[0], end)[start:end].contiguous()
+        if positions is None:
+            rope = decoder._table(decoder.rope_types[0], end)[start:end].contiguous()
+        else:
+            rope = decoder._table(decoder.rope_types[0], int(positions.max()) + 1)[positions.view(-1)].contiguous()
+        if seen is not None:
+            if tuple(seen.shape) != (steps, end):
+                raise ValueError(f"native step: a mask of shape {tuple(seen.shape)} for {steps} rows over {end} slots")
+            seen = seen.to(torch.uint8).contiguous()
         keys, values = cache.keys, cache.values
         if not all(t.is_contiguous() and t.dtype == torch.float32 for t in keys + values):
             raise ValueError("native step: a cache that is not contiguous fp32")
@@ -161,8 +172,8 @@ class NativeStep:
             *self.header[:7], keys[0].shape[2], start, self.header[9], steps, *self.header[11:], *self._matrices)
         kp = (ctypes.c_void_p * len(keys))(*[t.data_ptr() for t in keys])
         vp = (ctypes.c_void_p * len(values))(*[t.data_ptr() for t in values])
-        status = self.fn(h.data_ptr(), dims, self._ptrs, rope.data_ptr(), kp, vp, self.eps, self.scaling,
-                         torch.get_num_threads())
+        status = self.fn(h.data_ptr(), dims, self._ptrs, rope.data_ptr(), kp, vp,
+                         None if seen is None else seen.data_ptr(), self.eps, self.scaling, torch.get_num_threads())
         if status:
             raise RuntimeError(f"native step failed (status {status}) at slots {start}..{end - 1}")
         cache.length = end
@@ -209,7 +220,7 @@ def build(decoder) -> tuple[NativeStep | None, str]:
         fn = getattr(loaded, FUNCTION)
     except AttributeError:
         return None, f"{where} has no {FUNCTION}"
-    fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_float, ctypes.c_float, ctypes.c_int]
+    fn.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_float, ctypes.c_float, ctypes.c_int]
     fn.restype = ctypes.c_int
     try:
         step = NativeStep(decoder, fn)
