@@ -1,24 +1,29 @@
-"""The native draft step: a 4-bit lean draft's decoder layers over a few new tokens in one C call
-(`lean_step.c`'s `hfspec_lean_layers`, built into the verify kernel's library), instead of a compiled or eager graph.
+"""The native step: a lean decoder's layers over a few new tokens in one C call (`lean_step.c`'s
+`hfspec_lean_layers`, built into the verify kernel's library), instead of a compiled or eager graph: a 4-bit lean
+draft's steps, and the lean target's passes (`hfspec.kernels.lean_target`: the target's own fp32 weights).
 
 Why: a draft step of SmolLM2-135M reads 121 int4 matrices. Their products through hfspec's int4 kernel took 3.9 ms
 on the 2-core Intel Xeon without AMX, the compiled step (inductor, C++ wrapper, torch's int4 kernel) 6.7 ms and the
 eager lean step 10.3 ms: the rest is the per-operator cost of a few hundred small kernels and, compiled, torch's
-slower int4 kernel (`hfspec.kernels.int4_rows`). In C a layer is four kernel calls and a few loops over the
-hidden size. `benchmarks/bench_steps.py` measures the steps side by side.
+slower int4 kernel (`hfspec.kernels.int4_rows`). The lean target's pass had the same overhead around its products:
+through this step one position costs 0.52 of the HF forward's one-token step, five 0.65, against 0.84 and 0.97
+without it (`benchmarks/bench_verify_width.py --dtypes float32+lean`). In C a layer is a few kernel calls and
+loops over the hidden size.
 
-Used by `LeanDecoder.logits` for feeds of 1..`MAX_ROWS` tokens at consecutive positions, batch 1, no padding mask
-(a round's draft steps and catch-up feeds; a compiled draft's tree levels, prompts and batches keep their own
-paths; all write the same cache). Runs where every decoder matrix is int4 through hfspec's int4 kernel (rtn2-4 and
-calibrated 4-bit drafts, any head) and the layer is one this C reproduces: RMSNorm before attention and MLP, no
-q/k norm, no sandwich norms, one rotary type, no sliding window, SiLU or GeLU. The input embedding, the final norm
-and the head (with its re-scored top logits) stay in torch: one row each.
+Used by `LeanDecoder.logits` for feeds at consecutive positions (a draft's 1..`MAX_ROWS` tokens, the lean target's
+`TARGET_ROWS`), batch 1, no padding mask, and by `hfspec.decoding.tree_forward.forward_level` for a token tree's
+level (explicit positions, a mask of the slots each node sees); prompts and batches keep the other paths; all write
+the same cache, in the same layout. Runs where every decoder matrix is int4 through hfspec's int4 kernel (rtn2-4
+and calibrated 4-bit drafts, any head) or the target's own contiguous fp32 tensor, and the layer is one this C
+reproduces: RMSNorm before attention and MLP, no q/k norm, no sandwich norms, one rotary type, no sliding window,
+SiLU or GeLU. The input embedding, the final norm and the head (with a draft's re-scored top logits) stay in torch.
 
-Checked against the eager lean step when first used (a prompt, one-token steps and a two-token feed; logits within
-`TOLERANCE` of their scale); where it is off, cannot be built, or disagrees, the other paths run and `status`
-says why. `$HFSPEC_NATIVE_STEP`: "auto" (the default) and "on" use it where it builds and checks, "off" never.
-The draft's q is the same deterministic function of the context whichever path computes it in a run, and a
-proposal: the output law does not depend on it.
+Checked against the eager lean step when first used (one-token steps and a two-token feed after an eagerly fed
+prompt; logits within `TOLERANCE` of their scale); where it is off, cannot be built, or disagrees, the other paths
+run and `path_of` says why. `$HFSPEC_NATIVE_STEP`: "auto" (the default) and "on" use it where it builds and checks,
+"off" never. A draft's q is the same deterministic function of the context whichever path computes it in a run, and
+a proposal: the output law does not depend on it; the lean target's logits are also checked against the HF forward's
+(`hfspec.kernels.lean_target`).
 """
 
 from __future__ import annotations
