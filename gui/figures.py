@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, fields
 
 from hfspec.compat import new_keys
+from hfspec.decoding.costrecord import CostRecord
 from hfspec.decoding.stats import SpecStats
 from hfspec.measure import ROUGH_BELOW, has_prediction, machine_state
 
@@ -216,7 +217,11 @@ def stats_from_dict(data: dict | None) -> SpecStats | None:
     if not data:
         return None
     names = {f.name for f in fields(SpecStats)}
-    return SpecStats(**{k: v for k, v in data.items() if k in names})
+    kept = {k: v for k, v in data.items() if k in names}
+    for name in ("costs", "plain_costs"):  # nested records come back as dicts: the cost model reads their fields
+        if isinstance(kept.get(name), dict):
+            kept[name] = CostRecord.from_dict(kept[name])
+    return SpecStats(**kept)
 
 
 def _first(obj, *names):

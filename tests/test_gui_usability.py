@@ -408,3 +408,22 @@ def test_conditions_text():
     from gui.figures import Conditions
 
     assert Conditions(2, 1.234).text() == "2 threads · load 1.23" and Conditions(1, None).text() == "1 thread"
+
+
+def test_saved_stats_come_back_with_their_cost_record():
+    """A saved run's statistics are read back with their per-round cost records as records, not dicts: the ideal's
+    note and the verify-cost ratio read their fields (a dict crashed `open_saved` once a run beat the ideal)."""
+    import torch
+    from tiny_models import build_family
+
+    import hfspec
+    from gui.figures import stats_from_dict
+    from hfspec.decoding.costrecord import CostRecord
+    from hfspec.measure.verify_cost import verify_ratio
+
+    target = build_family("llama", seed=5, init=0.2)
+    out = hfspec.generate(target, torch.tensor([[0, 5, 17]]), hfspec.make_draft(target, "rtn4"), gamma=3,
+                          max_new_tokens=24, temperature=0)
+    back = stats_from_dict(json.loads(json.dumps(out.stats.to_dict())))
+    assert isinstance(back.costs, CostRecord) and back.costs.width_rounds == out.stats.costs.width_rounds
+    assert verify_ratio(back, None) == verify_ratio(out.stats, None)
