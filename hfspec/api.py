@@ -228,7 +228,8 @@ def _fidelity(draft) -> float | None:
 class _Prices:
     """What a seeded run's priors are looked up by: the device type, the target's dtype ("+prepack" when its
     linears are oneDNN-prepacked, `hfspec.kernels.fast_linear`: a cheaper step and a flatter verify curve; "+rows"
-    when its verify passes run the few-row kernel, `hfspec.kernels.verify_linear`) and what
+    when its verify passes run the few-row kernel, `hfspec.kernels.verify_linear`; "+lean" when they run the lean
+    target through the native C step, `hfspec.kernels.lean_target`, cheaper still) and what
     holds most of the draft's weights ("int4", "int8", a float dtype; "" for a draft that is not a model)."""
 
     device: str = "cpu"
@@ -242,6 +243,8 @@ class _Prices:
             dtype += "+prepack"
         elif dtype in ("float32", "bfloat16") and draft is not None and verify_linear.active_for(target):
             dtype += "+rows"
+            if dtype == "float32+rows" and _lean_native(target):
+                dtype = "float32+lean"
         return cls(torch.device(device).type, dtype, _storage(draft))
 
     def c(self, stats: SpecStats) -> float:
@@ -263,6 +266,13 @@ def _seeded_policy(gamma, stats: SpecStats, prices: _Prices | None = None, draft
         return AdaptiveGamma(c_prior=c, timed=False, profile=profile or prior_model(c, prices.device, prices.dtype),
                              alpha_prior=_fidelity(draft))
     return FixedGamma(int(gamma))
+
+
+def _lean_native(target) -> bool:
+    """Whether a speculative decode's target passes run the lean target through the native C step."""
+    if not lean_target.takes(target):
+        return False
+    return native_step.of(lean_target.built(target)[0]) is not None
 
 
 def profile_key(target, draft, sampled: bool, device="cpu") -> dict:

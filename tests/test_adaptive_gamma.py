@@ -494,3 +494,20 @@ def test_acceptance_that_comes_in_runs_drafts_longer():
     control, single = fed([3, 3, 3, 3, 3, 0, 1, 2] * 8)
     assert 0.8 < control.alpha < 0.9
     assert abs(control.next() - single) <= 1, (control.next(), single)
+
+
+def test_the_lean_targets_verify_passes_are_priced_by_their_own_curve_where_measured(monkeypatch):
+    """"float32+lean" (the lean target through the native C step) takes its own curve on the AVX2 kind, where it was
+    measured (a pass of 5 positions 0.42 of the HF forward's one-token step), and the few-row kernel's elsewhere;
+    the control: neither is the plain fp32 curve."""
+    from hfspec.decoding import priors
+
+    monkeypatch.setenv("HFSPEC_CPU_KIND", "avx2")
+    lean = [priors.verify_prior(n, "cpu", "float32+lean") for n in (1, 5, 16)]
+    rows = [priors.verify_prior(n, "cpu", "float32+rows") for n in (1, 5, 16)]
+    plain = [priors.verify_prior(n, "cpu", "float32") for n in (1, 5, 16)]
+    assert lean[0] < 0.5 and lean[1] < 0.5 and lean != rows != plain
+    monkeypatch.setenv("HFSPEC_CPU_KIND", "amx")
+    assert ([priors.verify_prior(n, "cpu", "float32+lean") for n in (1, 5, 16)]
+            == [priors.verify_prior(n, "cpu", "float32+rows") for n in (1, 5, 16)]
+            != [priors.verify_prior(n, "cpu", "float32") for n in (1, 5, 16)])

@@ -42,6 +42,11 @@ VERIFY_SLOPE_PRIOR = {("cpu", "float32"): {"chain": 0.125, "tree": 0.05},
                       ("cpu-avx2", "float32"): {"chain": 0.18, "tree": 0.07},
                       ("cpu-avx2", "bfloat16"): {"chain": 0.44, "tree": 0.43},
                       ("cpu-avx2", "float16"): {"chain": 0.44, "tree": 0.43},
+                      # AVX2 through the few-row kernel's AVX2 body (7 December 2026, benchmarks/results/epyc-avx2-
+                      # 2c-2026-12-07-verify-width.md): fp32 0.03 a position from 2 to 5 (from 0.77 of MKL's step),
+                      # 0.04 from 5 to 32; bf16 0.09 a position (from 1.06 of torch's bf16 step)
+                      ("cpu-avx2", "float32+rows"): {"chain": 0.03, "tree": 0.04},
+                      ("cpu-avx2", "bfloat16+rows"): {"chain": 0.09, "tree": 0.10},
                       # Intel AMX (5 December 2026, benchmarks/results/xeon-2c-2026-12-05-verify-width*.md): fp32
                       # 0.125 a position at 5 (but 3 positions cost 1.07), 0.07 at 16; bf16 0.025 at 5, 0.012 at 16
                       ("cpu-amx", "float32"): {"chain": 0.125, "tree": 0.07},
@@ -79,9 +84,12 @@ def _cpu_entry(table: dict, device: str, dtype: str):
 def _cpu_keys(device: str, dtype: str) -> list[tuple[str, str]]:
     """Where a CPU prior is looked up, in order: this kind's row for the dtype, then the AVX-512 "cpu" row; a
     dtype with a path suffix ("bfloat16+rows": the few-row kernel, not measured on every kind) then the same for
-    its plain dtype."""
+    its plain dtype; "float32+lean" (the lean target through the native C step) first its own rows, then
+    "float32+rows"'s."""
     kinds = [_key(device), "cpu"]
     dtypes = [dtype, dtype.split("+")[0]] if "+" in dtype else [dtype]
+    if dtype.endswith("+lean"):  # the lean target: its own curve where measured, else the few-row kernel's
+        dtypes.insert(1, dtype.removesuffix("+lean") + "+rows")
     return [(kind, name) for name in dtypes for kind in kinds]
 
 
@@ -231,6 +239,21 @@ VERIFY_CURVE_PRIOR = {
                               (32, 1.29)),
     ("cpu-avx2", "bfloat16"): ((1, 1.0), (2, 1.44), (3, 1.88), (4, 2.31), (5, 2.77), (6, 3.20), (7, 3.66), (8, 4.10),
                                (10, 4.88), (12, 5.80), (16, 7.37), (24, 10.67), (32, 13.93)),
+    # The AVX2 CPU through the few-row kernel's AVX2 body (7 December 2026, benchmarks/results/epyc-avx2-2c-2026-12-07-
+    # verify-width.md, 12 and 8 interleaved rounds; 16 positions the mean of the two runs, 1.32 and 1.34), over MKL's
+    # one-token step: MKL's multi-row sgemm cost 1.70 at 5 positions in the same rounds. bf16 past 16 positions is
+    # torch's own (the kernel stops there), as on 4 December.
+    ("cpu-avx2", "float32+rows"): ((1, 1.0), (2, 0.77), (3, 0.80), (5, 0.86), (8, 1.09), (16, 1.33), (24, 1.64),
+                                   (32, 2.09)),
+    ("cpu-avx2", "bfloat16+rows"): ((1, 1.0), (2, 1.06), (3, 1.14), (5, 1.33), (8, 1.60), (16, 2.59), (24, 10.67),
+                                    (32, 13.93)),
+    # The lean target (`hfspec.kernels.lean_target`: the target's own fp32 weights through hfspec's lean decoder, 1-16
+    # positions a pass through the native C step, `hfspec.kernels.native_step`), over the HF forward's one-token step
+    # that plain decoding takes, in the same rounds as the rows above: one position 0.40, five 0.42 (the HF forward's
+    # layers cost as much again around their products on this CPU); 16 positions the mean of 0.96 and 1.13. Priced
+    # here, a verify pass is several times a draft step's share, so γ "auto" drafts shorter rounds than "+rows" says.
+    ("cpu-avx2", "float32+lean"): ((1, 0.40), (2, 0.33), (3, 0.35), (5, 0.42), (8, 0.62), (16, 1.04), (24, 1.53),
+                                   (32, 2.07)),
 }
 
 
@@ -251,8 +274,10 @@ VERIFY_FLOOR_PRIOR = {("cpu", "bfloat16+rows"): 0.57}
 # The least a pass through the lean target (`hfspec.kernels.lean_target`) costs in the HF forward's one-token steps:
 # through the native C step (`hfspec.kernels.native_step`) one position 0.52, 2 positions 0.56, 5 positions 0.64
 # (SmolLM2-135M fp32, 2-core Xeon without AMX, 7 December 2026, `bench_verify_width.py --dtypes float32+lean`,
-# …-verify-width-native.md; without the native step 0.82-0.98, …-verify-width-lean.md), so a bound a little under.
-LEAN_TARGET_FLOOR = 0.45
+# …-verify-width-native.md; without the native step 0.82-0.98, …-verify-width-lean.md); on the AVX2 EPYC, where the
+# HF forward's step is slower, 2 positions 0.33 and 3 0.35 (7 December 2026, …/epyc-avx2-2c-2026-12-07-verify-width.md):
+# a bound a little under.
+LEAN_TARGET_FLOOR = 0.3
 
 
 def verify_floor(dtype: str, device: str = "cpu") -> float:

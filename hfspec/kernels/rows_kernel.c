@@ -18,11 +18,22 @@
 #include <stdlib.h>
 
 #define PREFETCH_ROWS 2
+#define BLOCK_N 8
+#if defined(__AVX512F__)
 #define F32_CHUNK 12
 #define BF16_CHUNK 16
-#define BLOCK_N 8
 #define PAIR_ROWS 6
+#elif defined(__AVX2__) && defined(__FMA__)
+/* AVX2 (8 floats a vector, 16 registers): chunks small enough that the accumulators (two per row of x in pairs)
+ * and the loads fit in registers */
+#define F32_CHUNK 6
+#define BF16_CHUNK 8
+#define PAIR_ROWS 4
+#else
+#error "hfspec's few-row kernel needs AVX-512 or AVX2 with FMA"
+#endif
 
+#if defined(__AVX512F__)
 /* ------------------------------------------------------------------------------------------------ fp32 */
 #define F32_BODY(M)                                                                                                \
   for (int64_t n = n0; n < n1; n++) {                                                                              \
@@ -129,6 +140,97 @@ typedef __m512 bf16_vec;
     for (int m = 0; m < M; m++) y[m * N + n] = to_bf16(_mm512_reduce_add_ps(acc[m]) + bn);                         \
   }
 
+#else /* AVX2 + FMA: the same bodies on 8-float vectors; the last K % 8 terms summed in scalar after the
+         * vector's reduction, the same way in F32_BODY and F32_PAIRS (bit for bit the same results) */
+static inline float hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+#define F32_BODY(M)                                                                                                \
+  for (int64_t n = n0; n < n1; n++) {                                                                              \
+    const float* wn = w + n * K;                                                                                   \
+    __m256 acc[M];                                                                                                 \
+    for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();                                                      \
+    int64_t k = 0;                                                                                                 \
+    for (; k + 8 <= K; k += 8) {                                                                                   \
+      _mm_prefetch((const char*)(wn + PREFETCH_ROWS * K + k), _MM_HINT_T0);                                        \
+      __m256 wv = _mm256_loadu_ps(wn + k);                                                                         \
+      for (int m = 0; m < M; m++) acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * K + k), wv, acc[m]);            \
+    }                                                                                                              \
+    float bn = b ? b[n] : 0.0f;                                                                                    \
+    for (int m = 0; m < M; m++) {                                                                                  \
+      float s = hsum256(acc[m]);                                                                                   \
+      for (int64_t j = k; j < K; j++) s += x[m * K + j] * wn[j];                                                   \
+      y[m * N + n] = s + bn;                                                                                       \
+    }                                                                                                              \
+  }
+
+#define F32_PAIRS(M)                                                                                               \
+  for (; n0 + 2 <= n1; n0 += 2) {                                                                                  \
+    const float* w0 = w + n0 * K;                                                                                  \
+    const float* w1 = w0 + K;                                                                                      \
+    __m256 a0[M], a1[M];                                                                                           \
+    for (int m = 0; m < M; m++) a0[m] = a1[m] = _mm256_setzero_ps();                                               \
+    int64_t k = 0;                                                                                                 \
+    for (; k + 8 <= K; k += 8) {                                                                                   \
+      _mm_prefetch((const char*)(w0 + PREFETCH_ROWS * K + k), _MM_HINT_T0);                                        \
+      _mm_prefetch((const char*)(w1 + PREFETCH_ROWS * K + k), _MM_HINT_T0);                                        \
+      __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k);                                           \
+      for (int m = 0; m < M; m++) {                                                                                \
+        __m256 xv = _mm256_loadu_ps(x + m * K + k);                                                                \
+        a0[m] = _mm256_fmadd_ps(xv, v0, a0[m]);                                                                    \
+        a1[m] = _mm256_fmadd_ps(xv, v1, a1[m]);                                                                    \
+      }                                                                                                            \
+    }                                                                                                              \
+    float b0 = b ? b[n0] : 0.0f, b1 = b ? b[n0 + 1] : 0.0f;                                                        \
+    for (int m = 0; m < M; m++) {                                                                                  \
+      float s0 = hsum256(a0[m]), s1 = hsum256(a1[m]);                                                              \
+      for (int64_t j = k; j < K; j++) {                                                                            \
+        s0 += x[m * K + j] * w0[j];                                                                                \
+        s1 += x[m * K + j] * w1[j];                                                                                \
+      }                                                                                                            \
+      y[m * N + n0] = s0 + b0;                                                                                     \
+      y[m * N + n0 + 1] = s1 + b1;                                                                                 \
+    }                                                                                                              \
+  }
+
+static inline uint16_t to_bf16(float f) {
+  union { float f; uint32_t u; } v = {f};
+  if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40u); /* NaN stays NaN */
+  return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
+
+static inline float from_bf16(uint16_t h) {
+  union { uint32_t u; float f; } v = {(uint32_t)h << 16};
+  return v.f;
+}
+
+/* bf16 widened to fp32 (a bf16 is the top half of an fp32), 8 a step; accumulated in fp32, rounded once */
+#define BF16_LOAD8(p) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(p))), 16))
+
+#define BF16_BODY(M)                                                                                               \
+  for (int64_t n = n0; n < n1; n++) {                                                                              \
+    const uint16_t* wn = w + n * K;                                                                                \
+    __m256 acc[M];                                                                                                 \
+    for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();                                                      \
+    int64_t k = 0;                                                                                                 \
+    for (; k + 8 <= K; k += 8) {                                                                                   \
+      _mm_prefetch((const char*)(wn + PREFETCH_ROWS * K + k), _MM_HINT_T0);                                        \
+      __m256 wv = BF16_LOAD8(wn + k);                                                                              \
+      for (int m = 0; m < M; m++) acc[m] = _mm256_fmadd_ps(BF16_LOAD8(x + m * K + k), wv, acc[m]);                 \
+    }                                                                                                              \
+    float bn = b ? from_bf16(b[n]) : 0.0f;                                                                         \
+    for (int m = 0; m < M; m++) {                                                                                  \
+      float s = hsum256(acc[m]);                                                                                   \
+      for (int64_t j = k; j < K; j++) s += from_bf16(x[m * K + j]) * from_bf16(wn[j]);                             \
+      y[m * N + n] = to_bf16(s + bn);                                                                              \
+    }                                                                                                              \
+  }
+#endif
+
 /* ------------------------------------------------------------------------------------------------ the drivers */
 #define DEFINE_F32(M)                                                                                              \
   static void f32_##M(const float* x, const float* w, const float* b, float* y, int64_t N, int64_t K, int64_t n0,  \
@@ -149,9 +251,9 @@ DEFINE(12) DEFINE_BF16(13) DEFINE_BF16(14) DEFINE_BF16(15) DEFINE_BF16(16)
 typedef void (*f32_fn)(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t);
 typedef void (*bf16_fn)(const uint16_t*, const uint16_t*, const uint16_t*, uint16_t*, int64_t, int64_t, int64_t,
                         int64_t);
-static const f32_fn F32[F32_CHUNK + 1] = {0,     f32_1, f32_2, f32_3,  f32_4,  f32_5,
+static const f32_fn F32[12 + 1] = {0,     f32_1, f32_2, f32_3,  f32_4,  f32_5,
                                           f32_6, f32_7, f32_8, f32_9, f32_10, f32_11, f32_12};
-static const bf16_fn BF16[BF16_CHUNK + 1] = {0,       bf16_1,  bf16_2,  bf16_3,  bf16_4,  bf16_5,  bf16_6,
+static const bf16_fn BF16[16 + 1] = {0,       bf16_1,  bf16_2,  bf16_3,  bf16_4,  bf16_5,  bf16_6,
                                              bf16_7,  bf16_8,  bf16_9,  bf16_10, bf16_11, bf16_12, bf16_13,
                                              bf16_14, bf16_15, bf16_16};
 
@@ -194,6 +296,7 @@ static void share(int64_t N, int64_t* n0, int64_t* n1) {
 ENTRY(hfspec_rows_f32, float, F32, F32_CHUNK)
 ENTRY(hfspec_rows_bf16, uint16_t, BF16, BF16_CHUNK)
 
+#if defined(__AVX512F__)
 /* ------------------------------------------------------------------------------------------------ int4 */
 /* hfspec_int4_rows: y [M, N] = x [M, K] W^T (+ b) for a 4-bit weight in torch's CPU int4 layout (what
  * aten._weight_int4pack_mm_for_cpu reads; hfspec/quant/packing.py): packed [Np/64, K, 32] bytes, byte j of a
@@ -287,3 +390,11 @@ int hfspec_int4_rows(const float* x, const uint8_t* packed, const uint16_t* sz, 
   free(xs);
   return 0;
 }
+#else
+/* AVX2: torch's int4 layout there is another one (hfspec/kernels/int4_rows.py keeps torch's kernel); 3: not built */
+int hfspec_int4_rows(const float* x, const uint8_t* packed, const uint16_t* sz, const float* b, float* y, int64_t M,
+                     int64_t N, int64_t Np, int64_t K, int64_t group, int threads) {
+  (void)x, (void)packed, (void)sz, (void)b, (void)y, (void)M, (void)N, (void)Np, (void)K, (void)group, (void)threads;
+  return 3;
+}
+#endif

@@ -1,6 +1,6 @@
 """A verify pass for less than the price of a one-token step, with no second copy of the weights: a target's fp32
-and bf16 linears over the few rows of a verify pass run a small AVX-512 kernel (`rows_kernel.c`) that reads each
-weight row once for all the rows.
+and bf16 linears over the few rows of a verify pass run a small AVX-512 (or AVX2) kernel (`rows_kernel.c`) that reads
+each weight row once for all the rows.
 
 Why: torch's fp32 `F.linear` runs MKL, sgemv for one row and sgemm for more, and on the 2-core Intel AMX Xeon VM
 sgemm over 4-16 rows costs 1.7-2.3x the one-row product at SmolLM2-135M's shapes (it repacks the weight at every
@@ -12,7 +12,8 @@ CPU's bf16 dot products, accumulated in fp32 and rounded once, as oneDNN does) a
 ahead, so memory reads and arithmetic overlap. A whole SmolLM2-135M pass over 5 positions then costs 1.22 of an
 fp32 one-token step instead of 1.56, and 0.78 of a bf16 one (oneDNN's) instead of 1.08 on the AMX Xeon; on the
 AVX-512 EPYC (Zen 4), where MKL is slow, 0.64 of an fp32 step instead of 1.34 and 0.78 of a bf16 one instead of
-1.14 (`benchmarks/bench_verify_width.py --dtypes float32+rows,bfloat16+rows`). On that EPYC the kernel also halves
+1.14 (`benchmarks/bench_verify_width.py --dtypes float32+rows,bfloat16+rows`); on the AVX2 EPYC (Zen 2, no AVX-512,
+no bf16 instructions; the C's AVX2 body) 0.86 of an fp32 step instead of 1.70 and 1.33 of a bf16 one instead of 2.77. On that EPYC the kernel also halves
 a one-row fp32 product (a whole step 27.5 ms against MKL's 55.6), so part of a speculative decode's speed-up there
 is the kernel's, not speculation's: `benchmarks/bench_results.py` times plain decoding through it as well. What the target computes changes only
 by float rounding (another summation order), as with any BLAS; one-row calls, prefill and fp16 keep `F.linear`.
@@ -21,11 +22,11 @@ It is compiled once per machine with the C compiler on PATH (`cc`, or `$CC`) int
 `$HFSPEC_KERNEL_DIR`) under a key of its source, the compiler, the flags and the CPU, written to a temporary file
 and renamed into place (a build killed midway or out of disk leaves nothing to load), checked against `F.linear`
 before first use, and rebuilt once if the library will not load. Where it cannot be built or checked (no
-compiler, no AVX-512, an unusable folder) the verify pass keeps `F.linear`, a warning says why once per process,
+compiler, neither AVX-512 nor AVX2, an unusable folder) the verify pass keeps `F.linear`, a warning says why once per process,
 and so does `status()`.
 
 `$HFSPEC_ROWS_KERNEL`: "auto" (the default) uses it on the CPU kinds where it was measured faster (`ON_BY_KIND`:
-the AMX Xeon and the AVX-512 EPYC, where MKL is slow enough that even a 2-row pass costs 0.56 of its one-row step),
+the AMX Xeon, the AVX-512 EPYC and the AVX2 EPYC, where MKL is slow enough that even a 2-row pass costs 0.56 of its one-row step),
 "on" wherever it builds, "off" nowhere. The decoding loop routes a target's linears through it for the length of a
 speculative decode (`installed`) and restores them after; plain decoding is left as it is.
 """
@@ -73,8 +74,10 @@ MAX_ROWS = max(most for _, most in DTYPES.values())
 # 5 December 2026, benchmarks/results/epyc-2c-2026-12-05-verify-width-rows.md: MKL's sgemm and sgemv are slow on
 # that AMD CPU, and a whole fp32 pass over 5 positions cost 0.64 of an sgemv one-token step through the kernel
 # against 1.34 without it; bf16 0.78 against 1.14). On "cpu" a machine that is not x86-64 with AVX-512 (an ARM
-# machine takes the "cpu" rows too) is left to F.linear quietly in "auto" (`applies`).
-ON_BY_KIND = frozenset({"cpu", "cpu-amx"})
+# machine takes the "cpu" rows too) is left to F.linear quietly in "auto" (`applies`). The AVX2 EPYC (Zen 2) runs
+# the C's AVX2 body (8-float vectors): a whole fp32 pass over 5 positions cost 0.86 of MKL's one-token step against
+# 1.70 without it, bf16 1.33 against 2.77 (7 December 2026, benchmarks/results/epyc-avx2-2c-2026-12-07-verify-width.md).
+ON_BY_KIND = frozenset({"cpu", "cpu-amx", "cpu-avx2"})
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 BUILD_TIMEOUT = 120  # seconds
 
@@ -110,12 +113,13 @@ def running() -> bool:
 
 
 def applies() -> str:
-    """'' where the kernel can run on this machine (x86-64 Linux, a torch that dispatches AVX-512), else why not."""
+    """'' where the kernel can run on this machine (x86-64 Linux, a torch that dispatches AVX-512 or AVX2; the C
+    has a body for each), else why not."""
     if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
         return f"the few-row kernel is built for x86-64 Linux only, not {platform.system()} {platform.machine()}"
     capability = torch.backends.cpu.get_cpu_capability().lower()
-    if "avx512" not in capability:
-        return f"the few-row kernel needs AVX-512 (this CPU: {capability})"
+    if "avx512" not in capability and "avx2" not in capability:
+        return f"the few-row kernel needs AVX-512 or AVX2 (this CPU: {capability})"
     return ""
 
 
