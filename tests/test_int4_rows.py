@@ -46,8 +46,10 @@ def test_a_wrong_row_order_is_caught():
     x = torch.randn(4, 192, generator=torch.Generator().manual_seed(1))
     fn = int4_rows.function()
     got = int4_rows.matmul(fn, x, lin.packed, lin.scales_and_zeros, 200, 32, None)
-    # the same codes read as the AVX2 layout (blocks of 32 rows) give other weights: the reference must differ
-    codes = packing.unpack_int4_cpu(lin.packed, 192, block=32).float()
+    # the same codes read as the other CPU layout (AVX-512's blocks of 64 rows, AVX2's of 32) give other weights:
+    # the reference must differ
+    other = 32 if packing.int4_block() == 64 else 64
+    codes = packing.unpack_int4_cpu(lin.packed, 192, block=other).float()
     scale = lin.scales_and_zeros[..., 0].float().t().repeat_interleave(32, 1)
     offset = lin.scales_and_zeros[..., 1].float().t().repeat_interleave(32, 1)
     wrong = x @ ((codes - 8) * scale + offset)[:200].t()

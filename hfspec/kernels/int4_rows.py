@@ -35,6 +35,7 @@ from hfspec.quant import groupwise, packing
 
 MODE_ENV = "HFSPEC_INT4_KERNEL"
 FUNCTION = "hfspec_int4_rows"  # its name in the library
+BLOCK_FUNCTION = "hfspec_int4_block"  # rows per block of the layout it reads: 64 (AVX-512 body) or 32 (AVX2)
 # Rows a call may have to take this kernel: past them torch's kernel (and, from `DEQUANTISED_FROM`, a bf16 GEMM of
 # dequantised blocks) was as fast (benchmarks/bench_level_rows.py on the no-AMX Xeon, 6 December 2026)
 MAX_ROWS = 64
@@ -116,31 +117,34 @@ def reference(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Ten
 
 
 def _build() -> tuple[object | None, str]:
-    if packing.int4_block() != 64:
-        return None, "torch's int4 layout here is not the AVX-512 one (blocks of 64 rows)"
     loaded, where = verify_linear.load_library()
     if loaded is None:
         return None, where
     try:
         fn = getattr(loaded, FUNCTION)
+        block = int(getattr(loaded, BLOCK_FUNCTION)())
     except AttributeError:
-        return None, f"{where} has no {FUNCTION}"
+        return None, f"{where} has no {FUNCTION} or {BLOCK_FUNCTION}"
+    if packing.int4_block() != block:
+        return None, (f"torch's int4 layout here has blocks of {packing.int4_block()} rows, the kernel reads blocks of "
+                      f"{block}")
     fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5 + [ctypes.c_int]
     fn.restype = ctypes.c_int
-    wrong = _check(fn)
+    wrong = _check(fn, block)
     if wrong:
         return None, f"hfspec's int4 kernel was built but disagrees with a dequantised product ({wrong})"
-    return fn, f"hfspec's int4 kernel (AVX-512, 1-{MAX_ROWS} rows; {where})"
+    isa = "AVX-512" if block == 64 else "AVX2"
+    return fn, f"hfspec's int4 kernel ({isa}, 1-{MAX_ROWS} rows; {where})"
 
 
-def _check(fn) -> str:
+def _check(fn, block: int = 64) -> str:
     """'' when the kernel matches `reference` on every chunking of rows, ragged N, groups of 32 and 64, with and
-    without a bias; else what differed."""
+    without a bias, for weights packed in blocks of `block` rows (the layout it reads); else what differed."""
     generator = torch.Generator().manual_seed(0)
     for n, k, group, bias in ((70, 64, 32, True), (128, 192, 64, False), (200, 96, 32, False)):
         padded = -(-n // 64) * 64
         codes = torch.randint(0, 16, (padded, k), generator=generator, dtype=torch.uint8)
-        packed = packing.pack_int4_cpu(codes, 64)
+        packed = packing.pack_int4_cpu(codes, block)
         sz = (torch.rand(k // group, padded, 2, generator=generator) - 0.5).to(torch.bfloat16)
         b = torch.randn(n, generator=generator) if bias else None
         for rows in (1, 2, 5, 6, 7, 13, 16):

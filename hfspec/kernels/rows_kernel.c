@@ -310,6 +310,7 @@ ENTRY(hfspec_rows_bf16, uint16_t, BF16, BF16_CHUNK)
  * Rows of x go in near-equal chunks of at most INT4_CHUNK (4 accumulators each must fit in registers); the
  * next chunk finds the block in L1 or L2. Threads split the blocks. */
 #define INT4_CHUNK 6
+#define INT4_BLOCK 64
 
 #define INT4_BODY(M)                                                                                               \
   {                                                                                                                \
@@ -365,12 +366,79 @@ typedef void (*int4_fn)(const float*, const float*, const uint8_t*, const uint32
                         int64_t, int64_t, int64_t, int64_t, int64_t);
 static const int4_fn INT4[INT4_CHUNK + 1] = {0, int4_1, int4_2, int4_3, int4_4, int4_5, int4_6};
 
+#else
+/* AVX2: torch's int4 layout has blocks of 32 rows: packed [Np/32, K, 16] bytes, byte j of a column k of block t
+ * holding row 32t + j in its low nibble and row 32t + 16 + j in its high one. Per block and group, each column's 16
+ * bytes become four vectors of 8 codes as fp32 (masked and shifted, then converted); the rest as above. Chunks of
+ * at most 2 rows of x: their 8 accumulators, the 4 code vectors and x fit in AVX2's 16 registers. */
+#define INT4_CHUNK 2
+#define INT4_BLOCK 32
+
+#define INT4_BODY(M)                                                                                               \
+  {                                                                                                                \
+    float ybuf[M][32] __attribute__((aligned(32)));                                                                \
+    for (int m = 0; m < M; m++)                                                                                    \
+      for (int r = 0; r < 4; r++) _mm256_store_ps(ybuf[m] + 8 * r, _mm256_setzero_ps());                           \
+    const uint8_t* bt = packed + t * K * 16;                                                                       \
+    const __m256i low = _mm256_set1_epi32(0x0F);                                                                   \
+    const __m256i top = _mm256_set1_epi32((int)0xFFFF0000u);                                                       \
+    for (int64_t g = 0; g < G; g++) {                                                                              \
+      __m256 acc[M][4];                                                                                            \
+      for (int m = 0; m < M; m++)                                                                                  \
+        for (int r = 0; r < 4; r++) acc[m][r] = _mm256_setzero_ps();                                               \
+      for (int64_t k = g * group; k < (g + 1) * group; k++) {                                                      \
+        const uint8_t* b = bt + k * 16;                                                                            \
+        _mm_prefetch((const char*)(b + 16 * 8), _MM_HINT_T0);                                                      \
+        __m256i i0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)b));                                     \
+        __m256i i1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(b + 8)));                               \
+        __m256 q0 = _mm256_cvtepi32_ps(_mm256_and_si256(i0, low));                                                 \
+        __m256 q1 = _mm256_cvtepi32_ps(_mm256_and_si256(i1, low));                                                 \
+        __m256 q2 = _mm256_cvtepi32_ps(_mm256_srli_epi32(i0, 4));                                                  \
+        __m256 q3 = _mm256_cvtepi32_ps(_mm256_srli_epi32(i1, 4));                                                  \
+        for (int m = 0; m < M; m++) {                                                                              \
+          __m256 xb = _mm256_set1_ps(x[m * K + k]);                                                                \
+          acc[m][0] = _mm256_fmadd_ps(xb, q0, acc[m][0]);                                                          \
+          acc[m][1] = _mm256_fmadd_ps(xb, q1, acc[m][1]);                                                          \
+          acc[m][2] = _mm256_fmadd_ps(xb, q2, acc[m][2]);                                                          \
+          acc[m][3] = _mm256_fmadd_ps(xb, q3, acc[m][3]);                                                          \
+        }                                                                                                          \
+      }                                                                                                            \
+      const uint32_t* words = sz + g * Np + t * 32; /* (s, o) bf16 pairs: s in the low half */                    \
+      for (int r = 0; r < 4; r++) {                                                                                \
+        __m256i wd = _mm256_loadu_si256((const __m256i*)(words + 8 * r));                                          \
+        __m256 s = _mm256_castsi256_ps(_mm256_slli_epi32(wd, 16));                                                 \
+        __m256 o = _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), s, _mm256_castsi256_ps(_mm256_and_si256(wd, top)));      \
+        for (int m = 0; m < M; m++) {                                                                              \
+          __m256 yv = _mm256_fmadd_ps(s, acc[m][r], _mm256_load_ps(ybuf[m] + 8 * r));                              \
+          _mm256_store_ps(ybuf[m] + 8 * r, _mm256_fmadd_ps(o, _mm256_set1_ps(xs[m * G + g]), yv));                 \
+        }                                                                                                          \
+      }                                                                                                            \
+    }                                                                                                              \
+    int64_t n0 = t * 32, valid = N - n0 < 32 ? N - n0 : 32;                                                        \
+    for (int m = 0; m < M; m++)                                                                                    \
+      for (int64_t j = 0; j < valid; j++) y[m * N + n0 + j] = ybuf[m][j] + (b ? b[n0 + j] : 0.0f);                 \
+  }
+
+#define DEFINE_INT4(M)                                                                                             \
+  static void int4_##M(const float* x, const float* xs, const uint8_t* packed, const uint32_t* sz, const float* b,  \
+                       float* y, int64_t N, int64_t Np, int64_t K, int64_t G, int64_t group, int64_t t)            \
+      INT4_BODY(M)
+DEFINE_INT4(1) DEFINE_INT4(2)
+typedef void (*int4_fn)(const float*, const float*, const uint8_t*, const uint32_t*, const float*, float*, int64_t,
+                        int64_t, int64_t, int64_t, int64_t, int64_t);
+static const int4_fn INT4[INT4_CHUNK + 1] = {0, int4_1, int4_2};
+#endif
+
+/* Rows per block of the int4 layout this library reads (torch's on the CPU it was built for: 64 with AVX-512, 32
+ * with AVX2); hfspec/kernels/int4_rows.py uses the kernel only where torch's layout here is the same. */
+int hfspec_int4_block(void) { return INT4_BLOCK; }
+
 /* hfspec_int4_rows(x [M, K] fp32, packed, scales_and_zeros (bf16 bit patterns), b [N] fp32 or NULL, y [M, N] fp32,
  * M, N, Np (N padded to 64), K, group, threads), all contiguous. Returns 0, 1 for bad sizes, 2 out of memory. */
 int hfspec_int4_rows(const float* x, const uint8_t* packed, const uint16_t* sz, const float* b, float* y, int64_t M,
                      int64_t N, int64_t Np, int64_t K, int64_t group, int threads) {
   if (M < 1 || N < 1 || K < 1 || group < 1 || K % group || Np % 64 || N > Np) return 1;
-  int64_t G = K / group, T = Np / 64, chunks = (M + INT4_CHUNK - 1) / INT4_CHUNK;
+  int64_t G = K / group, T = Np / INT4_BLOCK, chunks = (M + INT4_CHUNK - 1) / INT4_CHUNK;
   float* xs = (float*)malloc(sizeof(float) * M * G); /* Σ x over each group, per row */
   if (!xs) return 2;
   for (int64_t m = 0; m < M; m++)
@@ -390,11 +458,3 @@ int hfspec_int4_rows(const float* x, const uint8_t* packed, const uint16_t* sz, 
   free(xs);
   return 0;
 }
-#else
-/* AVX2: torch's int4 layout there is another one (hfspec/kernels/int4_rows.py keeps torch's kernel); 3: not built */
-int hfspec_int4_rows(const float* x, const uint8_t* packed, const uint16_t* sz, const float* b, float* y, int64_t M,
-                     int64_t N, int64_t Np, int64_t K, int64_t group, int threads) {
-  (void)x, (void)packed, (void)sz, (void)b, (void)y, (void)M, (void)N, (void)Np, (void)K, (void)group, (void)threads;
-  return 3;
-}
-#endif
