@@ -89,3 +89,26 @@ def test_a_bad_mode_is_refused_by_name(monkeypatch):
     monkeypatch.setenv(int4_rows.MODE_ENV, "fast")
     with pytest.raises(HfspecError, match=int4_rows.MODE_ENV):
         int4_rows.mode()
+
+
+@needs_kernel
+def test_another_threads_compile_does_not_switch_this_threads_kernel(monkeypatch):
+    """`torch.compiler.is_compiling()` is one flag for the process: while another thread traces a compiled step it
+    reads True here too. Eager products must keep hfspec's kernel then (it had switched them to torch's, so a
+    concurrent session's native step failed its check and wrote other text); the control: inside a real trace,
+    `tracing()` is True and the traced product is torch's kernel."""
+    import torch.compiler
+
+    lin = _linear(bias=False)
+    x = torch.randn(3, 192, generator=torch.Generator().manual_seed(4))
+    ours = int4_rows.matmul(int4_rows.function(), x, lin.packed, lin.scales_and_zeros, 200, 32, None)
+    monkeypatch.setattr(torch.compiler, "_is_compiling_flag", True)  # as while another thread compiles
+    assert torch.compiler.is_compiling() and not int4_rows.tracing()
+    assert torch.equal(lin(x), ours)
+    monkeypatch.setattr(torch.compiler, "_is_compiling_flag", False)
+    product = lin.matmul()  # as a compiled step holds it (built outside the trace)
+    traced = torch.compile(lambda v: (product(v), int4_rows.tracing()), fullgraph=True)(x)
+    assert traced[1] is True
+    aten = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), lin.packed, 32,
+                                                      lin.scales_and_zeros)[:, :200].float()
+    assert torch.allclose(traced[0], aten, atol=1e-2 * aten.abs().max().item()) and not torch.equal(traced[0], ours)

@@ -17,7 +17,9 @@ the activations to bf16, so over SmolLM2's 30 layers the two kernels' logits dif
 a miscompile (0.27 at a logit of 1.37), and a compiled step checked against this kernel's eager step was refused:
 every `-compiled` 4-bit draft of a real-sized model decoded eagerly until the check took `as_compiled`.
 `$HFSPEC_INT4_KERNEL`: "auto" (the default) and "on" use it wherever it builds and checks (x86-64 Linux with
-AVX-512, as the verify kernel; built into the same library), "off" keeps torch's kernel. Checked against a
+AVX-512 or AVX2, as the verify kernel; built into the same library, with a body per instruction set reading torch's
+layout on that CPU: blocks of 64 rows with AVX-512, 32 with AVX2, which `hfspec_int4_block` reports and the build
+compares with `packing.int4_block`), "off" keeps torch's kernel. Checked against a
 dequantised product before first use; where it cannot be built or disagrees, torch's kernel runs and `status()`
 says why.
 """
@@ -85,6 +87,22 @@ def as_compiled():
 def held() -> bool:
     """Whether this thread is inside `as_compiled`."""
     return getattr(_as_compiled, "on", False)
+
+
+def tracing() -> bool:
+    """Whether this thread is being traced by torch.compile. `torch.compiler.is_compiling()` alone is a process-wide
+    flag: while one thread compiled a draft step, another thread's eager int4 products read it as True and took
+    torch's kernel, so that thread's native step disagreed with its eager step at its check (bf16 rounding of the
+    activations) and was turned off, and its text differed from the same seed's run alone
+    (tests/test_concurrency.py). The tracing context is per thread; `_traced_here` is read once at trace time."""
+    return torch.compiler.is_compiling() and _traced_here()
+
+
+@torch._dynamo.assume_constant_result
+def _traced_here() -> bool:
+    from torch._guards import TracingContext
+
+    return TracingContext.try_get() is not None
 
 
 def reset() -> None:

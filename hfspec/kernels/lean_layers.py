@@ -123,7 +123,7 @@ class LeanLinear(nn.Module):
         if self.int4:
             packed, group, sz, padded = self.packed, self.group_size, self.scales_and_zeros, self.packed.shape[0]
             kernel, ours, compiling, held = (torch.ops.aten._weight_int4pack_mm_for_cpu, int4_rows.function(),
-                                             torch.compiler.is_compiling, int4_rows.held)
+                                             int4_rows.tracing, int4_rows.held)
 
             def int4(x):
                 if x.shape[0] >= DEQUANTISED_FROM["int4"]:

@@ -17,9 +17,8 @@ the same cache, in the same layout. Runs where every decoder matrix is int4 thro
 and calibrated 4-bit drafts, any head) or the target's own contiguous fp32 tensor, and the layer is one this C
 reproduces: RMSNorm before attention and MLP, no q/k norm, no sandwich norms, one rotary type, no sliding window,
 SiLU or GeLU. The input embedding, the final norm and the head (with a draft's re-scored top logits) stay in torch.
-On an AVX2-only CPU the library builds (the few-row kernel's AVX2 body) and runs the lean target's fp32 matrices;
-a 4-bit draft's int4 matrices there are in torch's AVX2 layout, which `hfspec_int4_rows` does not read
-(`int4_rows.status()` says so), so the draft keeps its compiled or eager step.
+On an AVX2-only CPU the library builds with the C's AVX2 bodies (fp32 products, and int4 products in torch's AVX2
+layout, blocks of 32 rows), so both a 4-bit draft's steps and the lean target's passes run here there too.
 
 Checked against the eager lean step when first used (one-token steps and a two-token feed after an eagerly fed
 prompt; logits within `TOLERANCE` of their scale); where it is off, cannot be built, or disagrees, the other paths
