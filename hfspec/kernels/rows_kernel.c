@@ -33,6 +33,18 @@
 #error "hfspec's few-row kernel needs AVX-512 or AVX2 with FMA"
 #endif
 
+/* bf16 <-> fp32, round to nearest even (either instruction set's bf16 body) */
+static inline uint16_t to_bf16(float f) {
+  union { float f; uint32_t u; } v = {f};
+  if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40u); /* NaN stays NaN */
+  return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
+
+static inline float from_bf16(uint16_t h) {
+  union { uint32_t u; float f; } v = {(uint32_t)h << 16};
+  return v.f;
+}
+
 #if defined(__AVX512F__)
 /* ------------------------------------------------------------------------------------------------ fp32 */
 #define F32_BODY(M)                                                                                                \
@@ -91,17 +103,6 @@
   }
 
 /* ------------------------------------------------------------------------------------------------ bf16 */
-static inline uint16_t to_bf16(float f) {
-  union { float f; uint32_t u; } v = {f};
-  if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40u); /* NaN stays NaN */
-  return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
-}
-
-static inline float from_bf16(uint16_t h) {
-  union { uint32_t u; float f; } v = {(uint32_t)h << 16};
-  return v.f;
-}
-
 #ifdef __AVX512BF16__
 /* 32 bf16 pairs a step: acc += x[2i] w[2i] + x[2i+1] w[2i+1] */
 #define BF16_STEP 32
@@ -196,17 +197,6 @@ static inline float hsum256(__m256 v) {
       y[m * N + n0 + 1] = s1 + b1;                                                                                 \
     }                                                                                                              \
   }
-
-static inline uint16_t to_bf16(float f) {
-  union { float f; uint32_t u; } v = {f};
-  if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40u); /* NaN stays NaN */
-  return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
-}
-
-static inline float from_bf16(uint16_t h) {
-  union { uint32_t u; float f; } v = {(uint32_t)h << 16};
-  return v.f;
-}
 
 /* bf16 widened to fp32 (a bf16 is the top half of an fp32), 8 a step; accumulated in fp32, rounded once */
 #define BF16_LOAD8(p) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(p))), 16))
