@@ -243,7 +243,7 @@ class _Prices:
             dtype += "+prepack"
         elif dtype in ("float32", "bfloat16") and draft is not None and verify_linear.active_for(target):
             dtype += "+rows"
-            if dtype == "float32+rows" and _lean_native(target):
+            if dtype == "float32+rows" and _lean_suffix(target, lean_target.takes(target)) == "+lean+native":
                 dtype = "float32+lean"
         return cls(torch.device(device).type, dtype, _storage(draft))
 
@@ -268,11 +268,13 @@ def _seeded_policy(gamma, stats: SpecStats, prices: _Prices | None = None, draft
     return FixedGamma(int(gamma))
 
 
-def _lean_native(target) -> bool:
-    """Whether a speculative decode's target passes run the lean target through the native C step."""
-    if not lean_target.takes(target):
-        return False
-    return native_step.of(lean_target.built(target)[0]) is not None
+def _lean_suffix(target, lean: bool) -> str:
+    """"+lean+native" where a decode that takes the lean target (`lean`) runs its passes through the native C step,
+    "+lean" where through the eager lean step, "" where it does not take it."""
+    decoder = lean_target.built(target)[0] if lean else None
+    if decoder is None:
+        return ""
+    return "+lean" + ("+native" if native_step.of(decoder) is not None else "")
 
 
 def profile_key(target, draft, sampled: bool, device="cpu") -> dict:
@@ -287,9 +289,7 @@ def _profile_key(target, draft, prices: _Prices, sampled: bool, lean: bool | Non
     through the HF forward would price them high; "+lean+native" where those run the native C step), "step": "native" in the draft's where its steps take the native C
     step (`hfspec.kernels.native_step`; a profile of the compiled step would price them high). `lean`: whether this decode does (None: a one-row chain's)."""
     label = get_attr(draft, DRAFT_SPEC, "") if draft is not None else ""
-    lean = lean if lean is not None else draft is not None and lean_target.takes(target)
-    decoder = lean_target.built(target)[0] if lean else None
-    lean = ("+lean" + ("+native" if native_step.of(decoder) is not None else "")) if decoder is not None else ""
+    lean = _lean_suffix(target, lean if lean is not None else draft is not None and lean_target.takes(target))
     native = {"step": "native"} if isinstance(draft, LeanDecoder) and native_step.of(draft) is not None else {}
     return cost_profile.profile_key(target, {"spec": label or type(draft).__name__, "bytes": weight_bytes(draft)
                                              if isinstance(draft, torch.nn.Module) else 0, "storage": prices.storage,
