@@ -507,7 +507,13 @@ def test_the_lean_targets_verify_passes_are_priced_by_their_own_curve_where_meas
     rows = [priors.verify_prior(n, "cpu", "float32+rows") for n in (1, 5, 16)]
     plain = [priors.verify_prior(n, "cpu", "float32") for n in (1, 5, 16)]
     assert lean[0] < 0.5 and lean[1] < 0.5 and lean != rows != plain
+    # the AMX Xeon takes the AVX-512 kinds' lean curve (measured on the same Xeon with AMX hidden), not its "+rows"
     monkeypatch.setenv("HFSPEC_CPU_KIND", "amx")
+    amx_lean = [priors.verify_prior(n, "cpu", "float32+lean") for n in (1, 5, 16)]
+    assert amx_lean == [priors.VERIFY_CURVE_PRIOR[("cpu", "float32+lean")][i][1] for i in (0, 3, 6)]
+    assert amx_lean != [priors.verify_prior(n, "cpu", "float32+rows") for n in (1, 5, 16)]
+    # where no kind has a lean curve, the few-row kernel's
+    monkeypatch.delitem(priors.VERIFY_CURVE_PRIOR, ("cpu", "float32+lean"))
     assert ([priors.verify_prior(n, "cpu", "float32+lean") for n in (1, 5, 16)]
             == [priors.verify_prior(n, "cpu", "float32+rows") for n in (1, 5, 16)]
             != [priors.verify_prior(n, "cpu", "float32") for n in (1, 5, 16)])

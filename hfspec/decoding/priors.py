@@ -130,6 +130,14 @@ DRAFT_STEP_PRIOR = {("cpu", "float32"): {"int4": 0.74, "int8": 0.91, "other": 1.
                     # 4-bit draft held as a bf16 copy (before its int4 layout was known there): 0.71 / 0.62.
                     ("cpu-avx2", "float32"): {"int4": 1.33, "int8": 1.13, "other": 0.71},
                     ("cpu-avx2", "bfloat16"): {"int4": 1.16, "int8": 0.99, "other": 0.62},
+                    # A 4-bit draft's steps through the native C step (`hfspec.kernels.native_step`, its int4 kernel's
+                    # AVX2 body), where the target's passes take the lean target (same library, so the key
+                    # "float32+lean" says both run natively): timed inside decoding (7 December 2026, benchmarks/
+                    # bench_round_costs.py, gptq4-compiled γ 3-6 on four prompts, …/epyc-avx2-2c-2026-12-07-round-
+                    # costs-native.md) a round's draft is 0.063 + 0.107 · k HF steps greedy, 0.023 + 0.124 · k at
+                    # T = 1: int4 (0.107 + 0.124) / 2 / 0.156 = 0.74 of the bytes ratio, where torch's compiled
+                    # int4 step had been 1.33. int8 and float drafts do not take the native step: as above.
+                    ("cpu-avx2", "float32+lean"): {"int4": 0.74, "int8": 1.13, "other": 0.71},
                     # Intel AMX (5 December 2026): the whole model sits in its 480 MB L3, so a step is priced by
                     # arithmetic, not bytes, and the packed kernels cost more per byte than fp32's sgemv. Steps timed
                     # alone (benchmarks/results/xeon-2c-2026-12-05-int8*.md): fp32 gptq4-compiled c 0.300 / 0.265 at
@@ -163,7 +171,9 @@ def draft_step_prior(c_bytes: float, device: str = "cpu", dtype: str = "float32"
 # it a seeded γ "auto" priced short rounds too cheaply there and drafted γ 2 where γ 5 was 7 % faster (fp32,
 # benchmarks/results/xeon-2c-2026-12-05-results-gamma.md). The AVX-512 EPYC ("cpu", 5-6 December, in the note above
 # `DRAFT_STEP_PRIOR`): 0.127 / 0.115 = 1.1 draft steps in fp32, 0.98 in bf16 (1.5 at T = 1). Kinds not listed: 0.
-DRAFT_ROUND_PRIOR = {"cpu": 1.1, "cpu-amx": 1.15}
+# The AVX2 CPU with the native draft step (the run above the "float32+lean" row of `DRAFT_STEP_PRIOR`): 0.063 / 0.107
+# = 0.59 draft steps greedy, 0.023 / 0.124 = 0.19 at T = 1; 0.4 between them.
+DRAFT_ROUND_PRIOR = {"cpu": 1.1, "cpu-amx": 1.15, "cpu-avx2": 0.4}
 
 
 def draft_round_prior(device: str = "cpu") -> float:
@@ -252,8 +262,20 @@ VERIFY_CURVE_PRIOR = {
     # that plain decoding takes, in the same rounds as the rows above: one position 0.40, five 0.42 (the HF forward's
     # layers cost as much again around their products on this CPU); 16 positions the mean of 0.96 and 1.13. Priced
     # here, a verify pass is several times a draft step's share, so γ "auto" drafts shorter rounds than "+rows" says.
-    ("cpu-avx2", "float32+lean"): ((1, 0.40), (2, 0.33), (3, 0.35), (5, 0.42), (8, 0.62), (16, 1.04), (24, 1.53),
-                                   (32, 2.07)),
+    # 1-16 positions every width from a denser run the same afternoon (…/epyc-avx2-2c-2026-12-07-verify-width-lean-
+    # dense.md, 12 rounds): flat to 6 positions (0.35-0.43), then a step to 0.59 at 7, since the kernel's AVX2 body
+    # takes 6 rows a pass over the weights and a seventh row costs a second pass; a sparser curve (5, 8) had priced 7
+    # positions 0.55 and 6 positions 0.49. 24 and 32 from the first run.
+    ("cpu-avx2", "float32+lean"): ((1, 0.40), (2, 0.35), (3, 0.36), (4, 0.40), (5, 0.40), (6, 0.43), (7, 0.59),
+                                   (8, 0.63), (10, 0.61), (12, 0.71), (16, 1.00), (24, 1.53), (32, 2.07)),
+    # The same on the 2-core Intel Xeon without AMX (7 December 2026, …/xeon-noamx-2c-2026-12-07-verify-width-native.md,
+    # 15 rounds): 2 positions 0.57, 5 0.65, 8 0.73, 16 1.28 of the HF forward's step (one position 0.83 in that file;
+    # docs/benchmarks.md's table gives 0.52). Taken for the AVX-512 kinds ("cpu", and "cpu-amx", the same Xeon with AMX
+    # shown, whose fp32 products do not use it), which run the same AVX-512 body of the kernel: without it the Xeon priced
+    # lean passes by the EPYC's "+rows" curve, 16 positions 1.6× of 5 where they cost 2×, and a seeded tree="auto" grew
+    # trees that did not pay (fp32, T = 1: 0.88× of the best chain, docs/trees.md); the AMX Xeon priced them by its own
+    # "+rows" curve (5 positions 1.22 steps, against 0.65 through the lean target). Not measured on the Zen 4 EPYC.
+    ("cpu", "float32+lean"): ((1, 0.83), (2, 0.57), (4, 0.62), (5, 0.65), (6, 0.67), (8, 0.73), (16, 1.28)),
 }
 
 
