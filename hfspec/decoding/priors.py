@@ -252,9 +252,10 @@ VERIFY_CURVE_PRIOR = {
     # The AVX2 CPU through the few-row kernel's AVX2 body (7 December 2026, benchmarks/results/epyc-avx2-2c-2026-12-07-
     # verify-width.md, 12 and 8 interleaved rounds; 16 positions the mean of the two runs, 1.32 and 1.34), over MKL's
     # one-token step: MKL's multi-row sgemm cost 1.70 at 5 positions in the same rounds. bf16 past 16 positions is
-    # torch's own (the kernel stops there), as on 4 December.
-    ("cpu-avx2", "float32+rows"): ((1, 1.0), (2, 0.77), (3, 0.80), (5, 0.86), (8, 1.09), (16, 1.33), (24, 1.64),
-                                   (32, 2.09)),
+    # torch's own (the kernel stops there), as on 4 December. fp32 retaken at every width once the AVX2 body took
+    # 7-12 rows in one chunk (…/epyc-avx2-2c-2026-12-07-verify-width-chunk12.md): 8 positions 0.94 (was 1.09).
+    ("cpu-avx2", "float32+rows"): ((1, 1.0), (2, 0.77), (3, 0.84), (4, 0.81), (5, 0.84), (6, 0.89), (7, 0.88),
+                                   (8, 0.94), (10, 1.01), (12, 1.11), (16, 1.38), (24, 1.75), (32, 2.01)),
     ("cpu-avx2", "bfloat16+rows"): ((1, 1.0), (2, 1.06), (3, 1.14), (5, 1.33), (8, 1.60), (16, 2.59), (24, 10.67),
                                     (32, 13.93)),
     # The lean target (`hfspec.kernels.lean_target`: the target's own fp32 weights through hfspec's lean decoder, 1-16
@@ -263,11 +264,14 @@ VERIFY_CURVE_PRIOR = {
     # layers cost as much again around their products on this CPU); 16 positions the mean of 0.96 and 1.13. Priced
     # here, a verify pass is several times a draft step's share, so γ "auto" drafts shorter rounds than "+rows" says.
     # 1-16 positions every width from a denser run the same afternoon (…/epyc-avx2-2c-2026-12-07-verify-width-lean-
-    # dense.md, 12 rounds): flat to 6 positions (0.35-0.43), then a step to 0.59 at 7, since the kernel's AVX2 body
-    # takes 6 rows a pass over the weights and a seventh row costs a second pass; a sparser curve (5, 8) had priced 7
-    # positions 0.55 and 6 positions 0.49. 24 and 32 from the first run.
-    ("cpu-avx2", "float32+lean"): ((1, 0.40), (2, 0.35), (3, 0.36), (4, 0.40), (5, 0.40), (6, 0.43), (7, 0.59),
-                                   (8, 0.63), (10, 0.61), (12, 0.71), (16, 1.00), (24, 1.53), (32, 2.07)),
+    # dense.md, 12 rounds): flat to 6 positions (0.35-0.43), then a step to 0.59 at 7, where the kernel's AVX2 body
+    # took 7 rows of x as two chunks (4 + 3) over each block of weights. Since then it takes 7-12 rows in one chunk,
+    # one row of weights at a time (pairs of weight rows only up to 6 rows of x: 16 registers); the points now are the
+    # mean of two runs with that body (…-verify-width-chunk12.md, 12 rounds, and a 20-round run not kept), 1-6
+    # positions (the same code as before) the mean of that run and the dense one: 7 positions 0.45 (was 0.59), 8 0.49
+    # (0.63), 12 0.63 (0.71), 16 0.84 (1.00).
+    ("cpu-avx2", "float32+lean"): ((1, 0.40), (2, 0.37), (3, 0.36), (4, 0.39), (5, 0.40), (6, 0.42), (7, 0.45),
+                                   (8, 0.49), (10, 0.55), (12, 0.63), (16, 0.84), (24, 1.42), (32, 1.82)),
     # The same on the 2-core Intel Xeon without AMX (7 December 2026, …/xeon-noamx-2c-2026-12-07-verify-width-native.md,
     # 15 rounds): 2 positions 0.57, 5 0.65, 8 0.73, 16 1.28 of the HF forward's step (one position 0.83 in that file;
     # docs/benchmarks.md's table gives 0.52). Taken for the AVX-512 kinds ("cpu", and "cpu-amx", the same Xeon with AMX

@@ -4,7 +4,7 @@
  * A row of w is loaded 16 floats (32 bf16) at a time and multiplied into one accumulator per row of x (which stays
  * in L1), while the row PREFETCH_ROWS rows ahead is prefetched, so that memory reads overlap the arithmetic (without
  * it every extra row of x cost about a tenth of the one-row product on the 2-core AMX Xeon VM; with it a twentieth).
- * In fp32, from PAIR_ROWS rows of x on, two rows of w are taken at a time, so that each load of x feeds two
+ * In fp32, from PAIR_ROWS to PAIR_MAX rows of x, two rows of w are taken at a time, so that each load of x feeds two
  * multiplies (on the 2-core AVX-512 EPYC a whole SmolLM2-135M pass over 16 positions cost 1.02 one-token MKL steps
  * against 1.22 without, 32 positions 1.66 against 2.01; pairs from 2 rows on, where memory sets the pace, were
  * slower: 2 rows 0.72 against 0.57). Rows of x are taken in near-equal chunks of at most F32_CHUNK / BF16_CHUNK (fp32: 16 as
@@ -23,12 +23,17 @@
 #define F32_CHUNK 12
 #define BF16_CHUNK 16
 #define PAIR_ROWS 6
+#define PAIR_MAX 12
 #elif defined(__AVX2__) && defined(__FMA__)
-/* AVX2 (8 floats a vector, 16 registers): chunks small enough that the accumulators (two per row of x in pairs)
- * and the loads fit in registers */
-#define F32_CHUNK 6
+/* AVX2 (8 floats a vector, 16 registers): pairs of weight rows up to PAIR_MAX rows of x (two accumulators per
+ * row, two weight vectors and one of x), one weight row at a time for 7-12 rows (an accumulator per row, the
+ * weight vector, x read from memory by the multiply-add), so that up to 12 rows read the weights once: as two chunks
+ * (4 + 3) over each block of weights, 7 rows of x cost a lean SmolLM2-135M pass 0.59 of an HF step against 6 rows'
+ * 0.43; in one chunk 0.45 (2-core EPYC Zen 2, benchmarks/results/epyc-avx2-2c-2026-12-07-verify-width-chunk12.md) */
+#define F32_CHUNK 12
 #define BF16_CHUNK 8
 #define PAIR_ROWS 4
+#define PAIR_MAX 6
 #else
 #error "hfspec's few-row kernel needs AVX-512 or AVX2 with FMA"
 #endif
@@ -225,7 +230,7 @@ static inline float hsum256(__m256 v) {
 #define DEFINE_F32(M)                                                                                              \
   static void f32_##M(const float* x, const float* w, const float* b, float* y, int64_t N, int64_t K, int64_t n0,  \
                       int64_t n1) {                                                                                \
-    if (M >= PAIR_ROWS) F32_PAIRS(M)                                                                               \
+    if (M >= PAIR_ROWS && M <= PAIR_MAX) F32_PAIRS(M)                                                              \
     F32_BODY(M)                                                                                                    \
   }
 #define DEFINE_BF16(M)                                                                                             \
