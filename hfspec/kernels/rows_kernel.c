@@ -291,6 +291,14 @@ static void share(int64_t N, int64_t* n0, int64_t* n1) {
 ENTRY(hfspec_rows_f32, float, F32, F32_CHUNK)
 ENTRY(hfspec_rows_bf16, uint16_t, BF16, BF16_CHUNK)
 
+/* int4_M: one block of the int4 layout for M rows of x, over either instruction set's INT4_BODY (below) */
+#define DEFINE_INT4(M)                                                                                             \
+  static void int4_##M(const float* x, const float* xs, const uint8_t* packed, const uint32_t* sz, const float* b,  \
+                       float* y, int64_t N, int64_t Np, int64_t K, int64_t G, int64_t group, int64_t t)            \
+      INT4_BODY(M)
+typedef void (*int4_fn)(const float*, const float*, const uint8_t*, const uint32_t*, const float*, float*, int64_t,
+                        int64_t, int64_t, int64_t, int64_t, int64_t);
+
 #if defined(__AVX512F__)
 /* ------------------------------------------------------------------------------------------------ int4 */
 /* hfspec_int4_rows: y [M, N] = x [M, K] W^T (+ b) for a 4-bit weight in torch's CPU int4 layout (what
@@ -352,13 +360,7 @@ ENTRY(hfspec_rows_bf16, uint16_t, BF16, BF16_CHUNK)
       for (int64_t j = 0; j < valid; j++) y[m * N + n0 + j] = ybuf[m][j] + (b ? b[n0 + j] : 0.0f);                 \
   }
 
-#define DEFINE_INT4(M)                                                                                             \
-  static void int4_##M(const float* x, const float* xs, const uint8_t* packed, const uint32_t* sz, const float* b,  \
-                       float* y, int64_t N, int64_t Np, int64_t K, int64_t G, int64_t group, int64_t t)            \
-      INT4_BODY(M)
 DEFINE_INT4(1) DEFINE_INT4(2) DEFINE_INT4(3) DEFINE_INT4(4) DEFINE_INT4(5) DEFINE_INT4(6)
-typedef void (*int4_fn)(const float*, const float*, const uint8_t*, const uint32_t*, const float*, float*, int64_t,
-                        int64_t, int64_t, int64_t, int64_t, int64_t);
 static const int4_fn INT4[INT4_CHUNK + 1] = {0, int4_1, int4_2, int4_3, int4_4, int4_5, int4_6};
 
 #else
@@ -414,13 +416,7 @@ static const int4_fn INT4[INT4_CHUNK + 1] = {0, int4_1, int4_2, int4_3, int4_4, 
       for (int64_t j = 0; j < valid; j++) y[m * N + n0 + j] = ybuf[m][j] + (b ? b[n0 + j] : 0.0f);                 \
   }
 
-#define DEFINE_INT4(M)                                                                                             \
-  static void int4_##M(const float* x, const float* xs, const uint8_t* packed, const uint32_t* sz, const float* b,  \
-                       float* y, int64_t N, int64_t Np, int64_t K, int64_t G, int64_t group, int64_t t)            \
-      INT4_BODY(M)
 DEFINE_INT4(1) DEFINE_INT4(2)
-typedef void (*int4_fn)(const float*, const float*, const uint8_t*, const uint32_t*, const float*, float*, int64_t,
-                        int64_t, int64_t, int64_t, int64_t, int64_t);
 static const int4_fn INT4[INT4_CHUNK + 1] = {0, int4_1, int4_2};
 #endif
 
