@@ -41,7 +41,10 @@ run() {  # run <title> <command...>: its output (stdout and stderr) into the fil
 run steps python bench_steps.py --models micro,stories260K,smollm2 --smollm2 "$SMOLLM2" --draft rtn4 --gamma 4
 run "verify width" python bench_verify_width.py --models smollm2-offgrid --smollm2-offgrid "$OFFGRID" \
     --dtypes float32,bfloat16 --widths 1,2,5,8,16,24,32
-run "round costs by γ" python bench_round_costs.py --models smollm2-offgrid --smollm2-offgrid "$OFFGRID" --dtypes float32,bfloat16 --temperatures 0,1
+run "round costs by γ" python bench_round_costs.py --models smollm2-offgrid --smollm2-offgrid "$OFFGRID" --dtypes float32,bfloat16 \
+    --temperatures 0,1 --gammas 2,3,4,5,6,7,8 --out "$TMP/round-costs"
+run "greedy γ policies replayed" python bench_gamma_replay.py --models smollm2-offgrid --smollm2-offgrid "$OFFGRID" \
+    --dtypes float32,bfloat16 --costs "$TMP/round-costs.json"
 run "tree level rows" python bench_level_rows.py --models smollm2-offgrid --smollm2-offgrid "$OFFGRID" --rows 1,2,4,8,16
 run "compiled pair catch-up" python bench_pair.py --models smollm2-offgrid --smollm2-offgrid "$OFFGRID" --dtypes bfloat16,float32 \
     --temperatures 0,1 --draft gptq4-compiled --gamma 4 --repeats 6

@@ -268,6 +268,24 @@ def _seeded_policy(gamma, stats: SpecStats, prices: _Prices | None = None, draft
     return FixedGamma(int(gamma))
 
 
+def seeded_gamma_policy(target, draft, gamma: int | str = "auto", sampled: bool = False, batch: int = 1,
+                        device="cpu") -> GammaPolicy:
+    """A fresh copy of the γ policy a seeded chain decode (`generate(target, ids, draft=draft, gamma=gamma,
+    seed=…)`, no tree, no early exit) decides with, for a batch of `batch` rows: priced by this pair's saved cost
+    profile where one matches, else by the priors. Frozen, it reads only the rounds' acceptance counts, so a greedy
+    run's γ choices can be replayed away from the clock (`hfspec.measure.replay`)."""
+    validate.check_gamma(gamma)
+    draft_model = _make_draft(target, draft) if isinstance(draft, str) else draft
+    stats = SpecStats(target_bytes=weight_bytes(target), draft_bytes=weight_bytes(draft_model),
+                      target_dtype=model_dtype_str(target))
+    prices = _Prices.of(target, draft_model, stats, device)
+    profile = None
+    if gamma == "auto":
+        lean = lean_target_capable(as_draft(draft_model), Chain()) and lean_target.takes(target, batch)
+        profile = _cost_profile(target, draft_model, prices, stats, sampled, lean)
+    return _seeded_policy(gamma, stats, prices, draft_model, profile)
+
+
 def _lean_suffix(target, lean: bool) -> str:
     """"+lean+native" where a decode that takes the lean target (`lean`) runs its passes through the native C step,
     "+lean" where through the eager lean step, "" where it does not take it."""

@@ -3,6 +3,7 @@
     ruler        interleaved timing pairs, `Measurement`, `measure_speedup` (the rule: docs/measurement.md)
     stability    machine state, the median interval, outliers
     plausible    implausible figures, prediction against measurement
+    replay       greedy γ policies replayed and priced by a cost model (no clock)
     verify_cost  when the verify pass, not the draft, decides the speed-up
     sweep        γ sweeps and draft comparisons (CLI `sweep` / `compare`, the dashboard)
     benchmark    plain generate, HF assisted generation and hfspec side by side (`hfspec bench`)
