@@ -128,6 +128,13 @@ def test_rounds_over_several_prompts_are_judged_within_each_prompt():
     spoiled = interleaved(_prompt_rounds(levels, 40, 11, spoiled={5}), "plain", 12, machine=quiet,
                           strata=lambda i: i % 4)
     assert spoiled.outlier[5] and spoiled.outliers == 1 and spoiled.pairs == 12
+    # each prompt timed once: nothing measures the noise, so the interval is the prompts' own spread (wider, never
+    # the figure alone), and the verdict says so; the replicated rounds above are the control (no such warning)
+    once = interleaved(_prompt_rounds(levels, 40, 11), "plain", 4, machine=quiet, strata=lambda i: i % 4)
+    lone = once.ratio("spec")
+    assert lone.low < lone.median < lone.high and lone.width > 0.2 and lone.coverage > 0
+    assert lone.low <= min(levels) * 1.05 and lone.high >= max(levels) * 0.95
+    assert any("timed once" in w for w in once.verdict()[1]) and not any("timed once" in w for w in warnings)
     # the statistics themselves: one stratum is the plain median interval; a lone value says nothing of noise
     assert stratified_median([1.0, 2.0, 3.0], None) == (2.0, *median_interval([1.0, 2.0, 3.0]))
     assert within_strata([2.0, 4.0, 3.0], ["a", "a", "b"])[2] == 1.0

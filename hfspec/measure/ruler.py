@@ -160,6 +160,10 @@ class Timings:
             warnings.append(f"unstable: {'; '.join(problems)} — {why}")
         elif causes:
             warnings.append(f"busy machine: {'; '.join(causes)} (the pairs agreed nonetheless)")
+        strata = self.kept_strata
+        if strata and len(set(strata)) > 1 and max(strata.count(key) for key in set(strata)) < 2:
+            warnings.append(f"each of the {len(set(strata))} prompts was timed once, so the interval is their spread, "
+                            "wider than the rounds' noise (time each prompt twice or more to measure that)")
         return not problems, warnings
 
 
