@@ -42,7 +42,7 @@ def costs_model(path: str, target: str, dtype: str, draft: str):
     if not rows:
         raise SystemExit(f"{path}: no T = 0 row for {target}, {dtype}, {draft}")
     row = rows[0]
-    widths = [(int(g) + 1, cell["verify"], 1.0) for g, cell in row["by_gamma"].items()]
+    widths = sorted((int(g) + 1, cell["verify"], 1.0) for g, cell in row["by_gamma"].items())
     points = tuple(monotone(widths))
     return ProfileModel(step=1.0, verify_a=0.0, verify_b=0.0, draft_a=row["draft_a"], draft_b=row["draft_b"],
                         draft_zero=0.0, other_a=row["other_a"], other_b=row["other_b"], plain_other=0.0,
@@ -69,6 +69,8 @@ def main() -> None:
     prompts = args.prompt or PROMPTS
     gammas = [int(g) for g in args.gammas.split(",")]
     best_of = [int(g) for g in args.best_of.split(",")]
+    if not set(best_of) <= set(gammas):
+        p.error(f"--best-of {args.best_of}: each must be one of --gammas {args.gammas}")
     lines, rows = [], []
     for name, folder in common.model_folders(args).items():
         for dtype in args.dtypes.split(","):

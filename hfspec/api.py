@@ -33,6 +33,7 @@ from hfspec.drafts import make_draft as _make_draft
 from hfspec.drafts import weight_bytes as draft_weight_bytes
 from hfspec.drafts.base import NoDraft, as_draft
 from hfspec.dtypes import model_dtype_str
+from hfspec.errors import bad_value
 from hfspec.kernels import fast_linear, lean_target, native_step, verify_linear
 from hfspec.kernels.lean import LeanDecoder
 
@@ -269,12 +270,21 @@ def _seeded_policy(gamma, stats: SpecStats, prices: _Prices | None = None, draft
 
 
 def seeded_gamma_policy(target, draft, gamma: int | str = "auto", sampled: bool = False, batch: int = 1,
-                        device="cpu") -> GammaPolicy:
+                        device=None) -> GammaPolicy:
     """A fresh copy of the γ policy a seeded chain decode (`generate(target, ids, draft=draft, gamma=gamma,
     seed=…)`, no tree, no early exit) decides with, for a batch of `batch` rows: priced by this pair's saved cost
     profile where one matches, else by the priors. Frozen, it reads only the rounds' acceptance counts, so a greedy
-    run's γ choices can be replayed away from the clock (`hfspec.measure.replay`)."""
+    run's γ choices can be replayed away from the clock (`hfspec.measure.replay`). `device`: where the prompt would
+    be (default: the target's first parameter's device)."""
     validate.check_gamma(gamma)
+    if draft is None:
+        raise bad_value("draft", None, "a draft model or a draft spec (make_draft's), as generate takes it")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise bad_value("batch", batch, "an integer ≥ 1")
+    if not isinstance(sampled, bool):
+        raise bad_value("sampled", sampled, "True (T > 0) or False (greedy)")
+    if device is None:
+        device = next(target.parameters()).device
     draft_model = _make_draft(target, draft) if isinstance(draft, str) else draft
     stats = SpecStats(target_bytes=weight_bytes(target), draft_bytes=weight_bytes(draft_model),
                       target_dtype=model_dtype_str(target))

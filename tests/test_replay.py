@@ -51,19 +51,52 @@ def test_replay_makes_the_real_runs_choices(pair, gamma):
     assert list(zip(other.gammas, other.accepted, strict=True)) != events
 
 
+class Recording(FixedGamma):
+    """A fixed γ that records what the loop (or the replay) tells it."""
+
+    def __init__(self, gamma):
+        super().__init__(gamma)
+        self.updates, self.observed = [], []
+
+    def update(self, gamma, accepted, checked, draft_seconds, target_seconds):
+        self.updates.append((gamma, accepted, checked))
+
+    def observe(self, accepted, checked):
+        self.observed.append((accepted[0], checked[0]))
+
+
+def test_replay_tells_the_policy_what_the_loop_tells_it():
+    matches = [True, False, True, True, True, True, True, False, True]
+    policy = Recording(5)
+    got = replay(matches, policy, COSTS)
+    assert got.gammas == [5, 5, 0] and got.accepted == [1, 5, 0]
+    # every round is observed; the last one, capped to γ 0 by the length where the policy chose 5, is not learned
+    # from (as hfspec.decoding.loop's _report): it says nothing of α or c
+    assert policy.observed == [(1, 2), (5, 5), (0, 0)]
+    assert policy.updates == [(5, 1, 2), (5, 5, 5)]
+
+
 def test_replay_prices_rounds_by_the_cost_model():
     matches = [True, True, False, True, True, True, False, True]
     assert run_lengths(matches) == [2, 1, 0, 3, 2, 1, 0, 1]
     got = replay(matches, FixedGamma(2), COSTS)
     # rounds at 0 (keeps 2, commits 3), 3 (keeps 2), 6 (keeps 0, commits 1), 7 (γ capped to 0: the last token)
     assert got.gammas == [2, 2, 1, 0] and got.accepted == [2, 2, 0, 0] and got.tokens == 8
-    expected = 2 * COSTS.round_seconds(2) + COSTS.round_seconds(1) + COSTS.plain_token_seconds
+    expected = 2 * COSTS.round_seconds(2) + COSTS.round_seconds(1) + COSTS.round_seconds(0)
     assert got.seconds == pytest.approx(expected) and got.rate == pytest.approx(8 / expected)
 
 
-def test_replay_refuses_a_draft_without_logits(pair):
-    target, _ = pair
+def test_replay_refuses_what_it_cannot_replay(pair):
+    target, draft = pair
     with pytest.raises(ValueError, match="draft"):
-        draft_matches(target, "lookup", torch.tensor([[1, 2, 3]]), 8)
+        draft_matches(target, hfspec.make_draft(target, "lookup"), torch.tensor([[1, 2, 3]]), 8)
+    with pytest.raises(ValueError, match="draft"):
+        draft_matches(target, target, torch.tensor([[1, 2, 3]]), 8)  # the target itself, as generate refuses
+    target.generation_config.repetition_penalty = 1.3  # a processor the replay does not apply: refused by name
+    try:
+        with pytest.raises(ValueError, match="generation_config.repetition_penalty"):
+            draft_matches(target, draft, torch.tensor([[1, 2, 3]]), 8)
+    finally:
+        target.generation_config.repetition_penalty = 1.0
     with pytest.raises(ValueError, match="new_tokens"):
         draft_matches(target, target, torch.tensor([[1, 2, 3]]), 0)

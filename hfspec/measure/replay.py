@@ -26,29 +26,54 @@ import torch
 
 from hfspec.decoding.costmodel import CostModel
 from hfspec.errors import bad_value
+from hfspec.validate import check_pair, vocab_size
+
+# generation_config fields whose logits processors would change the target's greedy token (and the draft's
+# proposal, which goes through the same processors in the loop); `draft_matches` applies only min_new_tokens' EOS
+# mask, so a target with one of these set is refused by name rather than replayed wrongly
+PROCESSOR_FIELDS = ("repetition_penalty", "encoder_repetition_penalty", "no_repeat_ngram_size", "bad_words_ids",
+                    "suppress_tokens", "begin_suppress_tokens", "sequence_bias", "forced_bos_token_id",
+                    "forced_eos_token_id", "exponential_decay_length_penalty")
+_NEUTRAL = {"repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0}
 
 
 def draft_matches(target, draft, input_ids: torch.Tensor, new_tokens: int) -> list[bool]:
     """Whether the draft's greedy token equals the target's at each of the `new_tokens` positions the target writes
     greedily after `input_ids` ([1, L]; EOS does not end it). `draft`: a draft model whose forward returns logits
-    (a quantised copy, a sibling); prompt lookup has none and is refused by name."""
+    (a quantised copy, a sibling); prompt lookup has none and is refused by name, as is a pair `generate` refuses
+    (`hfspec.validate.check_pair`) or a target whose generation config sets a logits processor (`PROCESSOR_FIELDS`).
+
+    The draft runs one forward over the whole text, where the loop feeds it a token or a round at a time, through
+    its lean or native step where it has one: the same maths, rounded in another order, so where two tokens nearly
+    tie the argmax can differ now and then (SmolLM2 off the grid, gptq4-compiled: fixed-γ replays gave the real runs'
+    tokens per pass to 0.01, while a γ auto replay's path through a prompt could differ from the real run's)."""
     if not isinstance(draft, torch.nn.Module) or not callable(getattr(draft, "forward", None)):
         raise bad_value("draft", type(draft).__name__, "a draft model with a forward returning logits")
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise bad_value("input_ids", tuple(input_ids.shape), "one prompt, shape [1, L]")
     if not isinstance(new_tokens, int) or isinstance(new_tokens, bool) or new_tokens < 1:
         raise bad_value("new_tokens", new_tokens, "an integer ≥ 1")
+    config = target.generation_config
+    for name in PROCESSOR_FIELDS:
+        value = getattr(config, name, None)
+        if value not in (None, _NEUTRAL.get(name), [], ()):
+            raise bad_value(f"generation_config.{name}", value, "unset: a replay applies no logits processor "
+                            "but min_new_tokens' EOS mask")
+    shared = check_pair(target, draft)
+    vocab = min(vocab_size(target), vocab_size(draft), shared or vocab_size(draft))
     with torch.no_grad():
         text = target.generate(input_ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
                                attention_mask=torch.ones_like(input_ids))
-        out = draft(text)
-        logits = getattr(out, "logits", out)
-    vocab = min(logits.shape[-1], target.get_output_embeddings().weight.shape[0])
+        out = draft(text.clamp(max=vocab_size(draft) - 1))  # as the loop: ids past the draft's rows are clamped
+    logits = out[0] if isinstance(out, tuple) else getattr(out, "logits", out)
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(text.shape):
+        raise bad_value("draft", type(draft).__name__, "a model whose forward returns logits for every position, "
+                        "shape [1, L, vocab]")
     start = input_ids.shape[1]
     scores = logits[0, start - 1 : -1, :vocab].clone()
     # EOS cannot end the text before `new_tokens` (min_new_tokens), and the loop's draft proposes through the same
     # logits processors: its EOS is masked too
-    eos = target.generation_config.eos_token_id
+    eos = config.eos_token_id
     scores[:, [e for e in ([eos] if isinstance(eos, int) else eos or []) if e < vocab]] = float("-inf")
     guesses = scores.argmax(-1)  # the draft's token for each new position
     return (guesses == text[0, start:]).tolist()
@@ -93,7 +118,8 @@ def replay(matches: list[bool], policy, costs: CostModel) -> Replay:
     """Run `policy` (a fresh `GammaPolicy`: `next`, `observe`, `update`) over one greedy text whose positions the
     draft gets right where `matches` says, as `hfspec.decoding.loop` does: γ capped so the round does not pass the
     length, min(L_i, γ) draft tokens kept and one more committed, the policy told each round's counts (no times: a
-    frozen policy reads none). Each round costs `costs.round_seconds(γ)` (a γ 0 round, a plain step)."""
+    frozen policy reads none). Each round costs `costs.round_seconds(γ)` (γ 0: a plain round of the speculative loop,
+through its target runner)."""
     lengths, out = run_lengths(matches), Replay()
     total, i = len(matches), 0
     while i < total:
@@ -106,10 +132,10 @@ def replay(matches: list[bool], policy, costs: CostModel) -> Replay:
             policy.update(gamma, kept, checked, 0.0, 0.0)
         out.gammas.append(gamma)
         out.accepted.append(kept)
-        out.seconds += costs.round_seconds(gamma) if gamma else costs.plain_token_seconds
+        out.seconds += costs.round_seconds(gamma)  # γ 0: a plain round of the speculative loop
         out.tokens += kept + 1
         i += kept + 1
     return out
 
 
-__all__ = ["Replay", "draft_matches", "replay", "run_lengths"]
+__all__ = ["PROCESSOR_FIELDS", "Replay", "draft_matches", "replay", "run_lengths"]
