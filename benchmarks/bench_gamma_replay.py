@@ -63,6 +63,10 @@ def main() -> None:
     p.add_argument("--gammas", default="1,2,3,4,5,6,7,8", help="fixed γs to replay beside γ auto")
     p.add_argument("--best-of", default="3,4,5", help="the fixed γs γ auto is compared with (the best of them)")
     p.add_argument("--prompt", action="append", default=None, help="a prompt (repeat for several; default: 16)")
+    p.add_argument("--timed", type=int, default=0,
+                   help="also time γ auto and the --best-of γs side by side (common.timed_rounds: interleaved, by the "
+                        "wall clock, each prompt this many rounds), paired against the best of them: the clock's "
+                        "figure beside the replay's (0: replay only)")
     p.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -107,9 +111,44 @@ def main() -> None:
                       f"{median(per_prompt):.3f}, range {min(per_prompt):.3f}-{max(per_prompt):.3f}", ""]
             rows.append({"target": name, "dtype": dtype, "draft": args.draft, "policy": "auto per prompt",
                          "vs_own_best": per_prompt})
+            if args.timed:
+                timed = timed_against(target, draft, [common.prompt_ids(tok, t) for t in prompts], best_of,
+                                      args.max_new_tokens, args.timed, args.seed, top)
+                table += timed["lines"]
+                rows.append({"target": name, "dtype": dtype, "draft": args.draft, "policy": "timed",
+                             **{k: v for k, v in timed.items() if k != "lines"}})
             print("\n".join(table), flush=True)
             lines += table
     common.write_results(args.out, lines, rows)
+
+
+def timed_against(target, draft, prompts: list, gammas: list[int], tokens: int, per_prompt: int, seed: int,
+                  top: int) -> dict:
+    """γ auto and each fixed γ of `gammas`, seeded and greedy, timed side by side by the wall clock in interleaved
+    rounds (`common.timed_rounds`, each prompt `per_prompt` rounds, prompts as strata), each over γ `top` (the
+    replay's best) round by round: the measured counterpart of the replay's table, on the same prompts."""
+    import hfspec
+
+    def run(gamma):
+        def go(r):
+            return hfspec.generate(target, prompts[r % len(prompts)], draft=draft, gamma=gamma, temperature=0,
+                                   max_new_tokens=tokens, min_new_tokens=tokens, seed=seed + r)
+        return common.wall(go, tokens)
+
+    names = [f"γ {g}" for g in gammas] + ["γ auto"]
+    runs = {name: run("auto" if name == "γ auto" else int(name[2:])) for name in names}
+    baseline = f"γ {top}"
+    timings = common.timed_rounds(runs, per_prompt * len(prompts), seed, baseline=baseline,
+                                  strata=lambda r: r % len(prompts))
+    stable, warnings = timings.verdict()
+    lines = [f"Timed side by side (wall clock, {timings.pairs} rounds, each prompt {per_prompt}×, interleaved), "
+             f"tokens/s over {baseline} round by round: "
+             + ", ".join(f"{n} {timings.ratio(n).median:.3f} ({timings.ratio(n).low:.3f}–{timings.ratio(n).high:.3f})"
+                         for n in names if n != baseline)
+             + f"; {'stable' if stable else 'unstable'}" + (f" ({'; '.join(warnings)})" if warnings else ""), ""]
+    return {"lines": lines, "baseline": baseline, "pairs": timings.pairs, "stable": stable, "warnings": warnings,
+            "over_baseline": {n: [timings.ratio(n).median, timings.ratio(n).low, timings.ratio(n).high]
+                              for n in names if n != baseline}}
 
 
 if __name__ == "__main__":
