@@ -2,7 +2,6 @@
 benchmark scripts (benchmarks/common.py) time plain against speculative decoding here and nowhere else.
 
 The rule (docs/measurement.md):
-
 1. The methods run in interleaved rounds (two methods alternate which goes first, more rotate), so a drift in
    machine load falls on every side alike. `warmup` rounds run first and are not counted.
 2. Per round the speed-up is the ratio of tokens/s (speculative over plain). The figure is the median of those
@@ -44,6 +43,7 @@ from hfspec.measure.stability import (
     _load_avg,
     machine_causes,
     machine_state,
+    once_each,
     outliers,
     stratified_median,
     within_strata,
@@ -160,10 +160,7 @@ class Timings:
             warnings.append(f"unstable: {'; '.join(problems)} — {why}")
         elif causes:
             warnings.append(f"busy machine: {'; '.join(causes)} (the pairs agreed nonetheless)")
-        strata = self.kept_strata
-        if strata and len(set(strata)) > 1 and max(strata.count(key) for key in set(strata)) < 2:
-            warnings.append(f"each of the {len(set(strata))} prompts was timed once, so the interval is their spread, "
-                            "wider than the rounds' noise (time each prompt twice or more to measure that)")
+        warnings += [note for note in [once_each(self.kept_strata)] if note]  # each prompt timed once
         return not problems, warnings
 
 

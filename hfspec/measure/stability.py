@@ -155,6 +155,15 @@ def stratified_median(values: Sequence[float], strata: Sequence | None,
     return figure, figure * low, figure * high, coverage
 
 
+def once_each(strata) -> str:
+    """The warning for rounds over several strata (prompts) each timed once ("" otherwise): `stratified_median`'s
+    interval is then the strata's spread, not the noise."""
+    if not strata or len(set(strata)) < 2 or max(collections.Counter(strata).values()) > 1:
+        return ""
+    return (f"each of the {len(set(strata))} prompts was timed once, so the interval is their spread, wider than the "
+            "rounds' noise (time each prompt twice or more to measure that)")
+
+
 def strata_medians(values: Sequence[float], strata: Sequence) -> dict:
     """{stratum: the median of its values}, in first-seen order."""
     groups: dict = {}
