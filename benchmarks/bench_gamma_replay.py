@@ -18,6 +18,7 @@ priors).
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from statistics import median
 
@@ -97,13 +98,10 @@ def main() -> None:
             for key, replays in runs.items():
                 tokens, seconds = sum(r.tokens for r in replays), sum(r.seconds for r in replays)
                 passes = sum(len(r.gammas) for r in replays)
-                hist: dict[int, int] = {}
-                for r in replays:
-                    for g, n in r.histogram().items():
-                        hist[g] = hist.get(g, 0) + n
+                hist = dict(sorted(sum((Counter(r.gammas) for r in replays), Counter()).items()))
                 rate = tokens / seconds
                 table.append(f"| {key} | {tokens / passes:.2f} | {rate:.2f}× | {rate / best[top]:.3f} | "
-                             f"{', '.join(f'{g}: {n}' for g, n in sorted(hist.items()))} |")
+                             f"{', '.join(f'{g}: {n}' for g, n in hist.items())} |")
                 rows.append({"target": name, "dtype": dtype, "draft": args.draft, "policy": key, "tokens": tokens,
                              "passes": passes, "speedup": rate, "vs_best_fixed": rate / best[top],
                              "gamma_hist": hist})

@@ -31,7 +31,7 @@ from hfspec.decoding.trees import draft_storage, make_tree
 from hfspec.decoding.verifier import Verifier
 from hfspec.drafts import make_draft as _make_draft
 from hfspec.drafts import weight_bytes as draft_weight_bytes
-from hfspec.drafts.base import NoDraft, as_draft
+from hfspec.drafts.base import Draft, NoDraft, as_draft
 from hfspec.dtypes import model_dtype_str
 from hfspec.errors import bad_value
 from hfspec.kernels import fast_linear, lean_target, native_step, verify_linear
@@ -88,12 +88,9 @@ def speculative_generate(
     if request.plain:
         policy = FixedGamma(0)
     else:  # with a seed, γ "auto" must not read this run's timings: the text must depend on the seed alone
-        profile = None
-        if request.seed is not None and request.gamma == "auto":  # keyed by the target path the decode will take
-            lean = lean_target_capable(draft, verifier) and lean_target.takes(model, input_ids.shape[0])
-            profile = _cost_profile(model, request.draft, prices, stats, sampling, lean)
         policy = (_policy(request.gamma, stats, request.draft) if request.seed is None
-                  else _seeded_policy(request.gamma, stats, prices, request.draft, profile))
+                  else _frozen_policy(model, request.draft, request.gamma, stats, prices, sampling,
+                                      input_ids.shape[0], draft, verifier))
     job = DecodeJob(
         scorer=Scorer(logits_processor, sampling, validate.vocab_size(model)),
         stopper=Stopper(stopping_criteria, eos, generation_config.max_length),
@@ -269,6 +266,19 @@ def _seeded_policy(gamma, stats: SpecStats, prices: _Prices | None = None, draft
     return FixedGamma(int(gamma))
 
 
+def _frozen_policy(target, draft_model, gamma, stats: SpecStats, prices: _Prices, sampled: bool, batch: int,
+                   draft: Draft | None = None, verifier: Verifier | None = None) -> GammaPolicy:
+    """A seeded decode's γ policy (`_seeded_policy`), γ "auto" priced by this pair's saved cost profile for the
+    target path the decode will take (`draft`: its `Draft`, built from `draft_model` when None; `verifier`: the
+    chain's when None), else by the priors."""
+    profile = None
+    if gamma == "auto":  # keyed by the target path the decode will take
+        draft = draft if draft is not None else as_draft(draft_model)
+        lean = lean_target_capable(draft, verifier or Chain()) and lean_target.takes(target, batch)
+        profile = _cost_profile(target, draft_model, prices, stats, sampled, lean)
+    return _seeded_policy(gamma, stats, prices, draft_model, profile)
+
+
 def seeded_gamma_policy(target, draft, gamma: int | str = "auto", sampled: bool = False, batch: int = 1,
                         device=None) -> GammaPolicy:
     """A fresh copy of the γ policy a seeded chain decode (`generate(target, ids, draft=draft, gamma=gamma,
@@ -288,12 +298,8 @@ def seeded_gamma_policy(target, draft, gamma: int | str = "auto", sampled: bool 
     draft_model = _make_draft(target, draft) if isinstance(draft, str) else draft
     stats = SpecStats(target_bytes=weight_bytes(target), draft_bytes=weight_bytes(draft_model),
                       target_dtype=model_dtype_str(target))
-    prices = _Prices.of(target, draft_model, stats, device)
-    profile = None
-    if gamma == "auto":
-        lean = lean_target_capable(as_draft(draft_model), Chain()) and lean_target.takes(target, batch)
-        profile = _cost_profile(target, draft_model, prices, stats, sampled, lean)
-    return _seeded_policy(gamma, stats, prices, draft_model, profile)
+    return _frozen_policy(target, draft_model, gamma, stats, _Prices.of(target, draft_model, stats, device), sampled,
+                          batch)
 
 
 def _lean_suffix(target, lean: bool) -> str:

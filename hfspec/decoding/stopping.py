@@ -16,14 +16,14 @@ class Stopper:
 
     def __init__(self, criteria: StoppingCriteriaList | None, eos_token_id=None, max_length: int | None = None):
         self.max_length = max_length
-        self.eos: set[int] = set(_as_list(eos_token_id))
+        self.eos: set[int] = set(eos_id_list(eos_token_id))
         self.others = []
         for criterion in criteria or []:
             if isinstance(criterion, MaxLengthCriteria):
                 limit = criterion.max_length
                 self.max_length = limit if self.max_length is None else min(self.max_length, limit)
             elif isinstance(criterion, EosTokenCriteria):
-                self.eos.update(_as_list(criterion.eos_token_id))
+                self.eos.update(eos_id_list(criterion.eos_token_id))
             else:
                 self.others.append(criterion)
 
@@ -53,7 +53,8 @@ class Stopper:
         return len(tokens), False, ""
 
 
-def _as_list(ids) -> list[int]:
+def eos_id_list(ids) -> list[int]:
+    """Token ids given as None, an int, a list or a tensor (e.g. `eos_token_id`), as a list of ints."""
     if ids is None:
         return []
     if isinstance(ids, torch.Tensor):

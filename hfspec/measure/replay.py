@@ -20,11 +20,13 @@ replay is only as right as they are. Sampled runs (T > 0) draw their tokens at r
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
 
 from hfspec.decoding.costmodel import CostModel
+from hfspec.decoding.stopping import eos_id_list
 from hfspec.errors import bad_value
 from hfspec.validate import check_pair, vocab_size
 
@@ -59,8 +61,7 @@ def draft_matches(target, draft, input_ids: torch.Tensor, new_tokens: int) -> li
         if value not in (None, _NEUTRAL.get(name), [], ()):
             raise bad_value(f"generation_config.{name}", value, "unset: a replay applies no logits processor "
                             "but min_new_tokens' EOS mask")
-    shared = check_pair(target, draft)
-    vocab = min(vocab_size(target), vocab_size(draft), shared or vocab_size(draft))
+    vocab = check_pair(target, draft) or vocab_size(target)  # without a shared width the two sizes are equal
     with torch.no_grad():
         text = target.generate(input_ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
                                attention_mask=torch.ones_like(input_ids))
@@ -73,8 +74,7 @@ def draft_matches(target, draft, input_ids: torch.Tensor, new_tokens: int) -> li
     scores = logits[0, start - 1 : -1, :vocab].clone()
     # EOS cannot end the text before `new_tokens` (min_new_tokens), and the loop's draft proposes through the same
     # logits processors: its EOS is masked too
-    eos = config.eos_token_id
-    scores[:, [e for e in ([eos] if isinstance(eos, int) else eos or []) if e < vocab]] = float("-inf")
+    scores[:, [e for e in eos_id_list(config.eos_token_id) if e < vocab]] = float("-inf")
     guesses = scores.argmax(-1)  # the draft's token for each new position
     return (guesses == text[0, start:]).tolist()
 
@@ -99,10 +99,7 @@ class Replay:
         return self.tokens / len(self.gammas) if self.gammas else 0.0
 
     def histogram(self) -> dict[int, int]:
-        out: dict[int, int] = {}
-        for g in self.gammas:
-            out[g] = out.get(g, 0) + 1
-        return dict(sorted(out.items()))
+        return dict(sorted(Counter(self.gammas).items()))
 
 
 def run_lengths(matches: list[bool]) -> list[int]:
