@@ -64,6 +64,9 @@ def main() -> None:
     p.add_argument("--gammas", default="1,2,3,4,5,6,7,8", help="fixed γs to replay beside γ auto")
     p.add_argument("--best-of", default="3,4,5", help="the fixed γs γ auto is compared with (the best of them)")
     p.add_argument("--prompt", action="append", default=None, help="a prompt (repeat for several; default: 16)")
+    p.add_argument("--decays", default="",
+                   help="also replay γ auto with these decays of its acceptance estimate (comma-separated, in (0, 1]; "
+                        "1: the whole run's counts; γ auto's own is 0.95): does remembering more or less help?")
     p.add_argument("--timed", type=int, default=0,
                    help="also time γ auto and the --best-of γs side by side (common.timed_rounds: interleaved, by the "
                         "wall clock, each prompt this many rounds), paired against the best of them: the clock's "
@@ -74,6 +77,9 @@ def main() -> None:
     prompts = args.prompt or PROMPTS
     gammas = [int(g) for g in args.gammas.split(",")]
     best_of = [int(g) for g in args.best_of.split(",")]
+    decays = [float(d) for d in args.decays.split(",") if d.strip()]
+    if any(not 0.0 < d <= 1.0 for d in decays):
+        p.error(f"--decays {args.decays}: each must be in (0, 1]")
     if not set(best_of) <= set(gammas):
         p.error(f"--best-of {args.best_of}: each must be one of --gammas {args.gammas}")
     lines, rows = [], []
@@ -86,6 +92,9 @@ def main() -> None:
                        for text in prompts]
             runs = {f"γ {g}": [replay(m, FixedGamma(g), model) for m in matches] for g in gammas}
             runs["γ auto"] = [replay(m, seeded_gamma_policy(target, draft, "auto"), model) for m in matches]
+            for d in decays:
+                runs[f"γ auto, decay {d:g}"] = [replay(m, with_decay(seeded_gamma_policy(target, draft, "auto"), d),
+                                                       model) for m in matches]
             best = {g: sum(r.tokens for r in runs[f"γ {g}"]) / sum(r.seconds for r in runs[f"γ {g}"])
                     for g in best_of}
             top = max(best, key=best.get)
@@ -105,6 +114,14 @@ def main() -> None:
                 rows.append({"target": name, "dtype": dtype, "draft": args.draft, "policy": key, "tokens": tokens,
                              "passes": passes, "speedup": rate, "vs_best_fixed": rate / best[top],
                              "gamma_hist": hist})
+            structure = match_structure(matches)
+            table += ["", "What γ auto could adapt to (the draft's greedy matches over every position of the texts): "
+                      "P(match at depth j | the j − 1 before it matched), j = 1…6: "
+                      + ", ".join(f"{r:.3f}" for r in structure["by_depth"])
+                      + f"; P(match | the previous position missed) {structure['after_miss']:.3f}, "
+                      f"| it matched {structure['after_match']:.3f}"]
+            rows.append({"target": name, "dtype": dtype, "draft": args.draft, "policy": "match structure",
+                         **structure})
             table += ["", f"γ auto over the best of γ {args.best_of} per prompt (each prompt's own best): median "
                       f"{median(per_prompt):.3f}, range {min(per_prompt):.3f}-{max(per_prompt):.3f}", ""]
             rows.append({"target": name, "dtype": dtype, "draft": args.draft, "policy": "auto per prompt",
@@ -118,6 +135,28 @@ def main() -> None:
             print("\n".join(table), flush=True)
             lines += table
     common.write_results(args.out, lines, rows)
+
+
+def with_decay(policy, decay: float):
+    """The seeded γ auto `policy` remembering its acceptance counts with `decay` per round instead of its own."""
+    policy.decay = decay
+    return policy
+
+
+def match_structure(matches: list[list[bool]], depths: int = 6) -> dict:
+    """How the draft's greedy matches hang together, over every start position of every text: the chance of a match
+    at depth j given the j − 1 positions before it matched (a chain's acceptance by position; flat means a fixed γ
+    loses nothing to a γ that adapts), and the chance of a match right after a miss and right after a match (how
+    much one round's outcome says about the next)."""
+    by_depth = []
+    for j in range(1, depths + 1):
+        reached = [m[i + j - 1] for m in matches for i in range(len(m) - j + 1) if all(m[i:i + j - 1])]
+        by_depth.append(sum(reached) / len(reached) if reached else float("nan"))
+    after_miss = [m[i] for m in matches for i in range(1, len(m)) if not m[i - 1]]
+    after_match = [m[i] for m in matches for i in range(1, len(m)) if m[i - 1]]
+    return {"by_depth": by_depth,
+            "after_miss": sum(after_miss) / len(after_miss) if after_miss else float("nan"),
+            "after_match": sum(after_match) / len(after_match) if after_match else float("nan")}
 
 
 def timed_against(target, draft, prompts: list, gammas: list[int], tokens: int, per_prompt: int, seed: int,
