@@ -42,9 +42,13 @@ def load(path: Path, dtype: str):
     return load_model(str(path), dtype=dtype, progress=False), load_tokenizer(str(path))
 
 
+AUTO_CHAIN = "chain γ=auto"
+
+
 def methods(args) -> list[tuple[str, dict]]:
     """(label, generate keywords) per method: chains first."""
-    out = [(f"chain γ={g}", {"gamma": g}) for g in (int(x) for x in args.gammas.split(",") if x.strip())]
+    out = [(f"chain γ={g}", {"gamma": g if g == "auto" else int(g)})
+           for g in (x.strip() for x in args.gammas.split(",")) if g]
     for w in (int(x) for x in args.trees.split(",") if x.strip()):
         if w > 1:
             out.append((f"siblings {w} γ={args.gamma}", {"gamma": args.gamma, "tree": w}))
@@ -68,7 +72,8 @@ def main() -> None:
     p.add_argument("--dtypes", default="float32,bfloat16", help="dtypes for models other than micro")
     p.add_argument("--draft", default="rtn4")
     p.add_argument("--gamma", type=int, default=4, help="γ of the sibling-leaf trees")
-    p.add_argument("--gammas", default="3,4,5", help="chain γs (the best one is the reference)")
+    p.add_argument("--gammas", default="3,4,5", help="chain γs (the best fixed one is the reference); auto: also a "
+                   "chain at γ auto, which token tree auto's row is then paired with too")
     p.add_argument("--trees", default="3", help="sibling-leaf widths (hfspec.decoding.siblings); 0: none")
     p.add_argument("--shapes", default="auto,24x6x4x4", help="token trees: auto and/or NODESxDEPTHxBRANCHxWIDTH")
     p.add_argument("--temperatures", default="1.0")
@@ -82,8 +87,9 @@ def main() -> None:
     timing = not args.no_timing
     rows = []
     header = ("| model | dtype | T | method | tokens/pass | vs best chain (tokens/pass) | positions/pass "
-              "| draft fwd/pass | tok/s | vs plain [interval] | vs best chain (tok/s) [interval] | verdict |")
-    lines = [header, "|" + "---|" * 12]
+              "| draft fwd/pass | ms a pass: target / draft / rest | tok/s | vs plain [interval] | vs best chain (tok/s) [interval] "
+              "| vs chain γ auto [interval] | verdict |")
+    lines = [header, "|" + "---|" * 14]
     print("\n".join(lines), flush=True)
     for name, folder, dtype in model_dtypes(args):
         target, tokenizer = load(folder, dtype)
@@ -151,7 +157,7 @@ def _pool(stats):
 
 
 def _rows(name, dtype, t, todo, pooled, timings, args, lines) -> list[dict]:
-    chains = [label for label, _ in todo if label.startswith("chain")]
+    chains = [label for label, _ in todo if label.startswith("chain") and label != AUTO_CHAIN]  # fixed γ
     tpp = {label: s.new_tokens / s.target_passes for label, s in pooled.items()}
     best_tpp = max(tpp[c] for c in chains) if chains else None
     if timings is not None:
@@ -164,26 +170,42 @@ def _rows(name, dtype, t, todo, pooled, timings, args, lines) -> list[dict]:
                "new_tokens": s.new_tokens, "target_passes": s.target_passes, "tokens_per_pass": tpp[label],
                "tokens_per_pass_vs_best_chain": tpp[label] / best_tpp if best_tpp else None,
                "positions_per_pass": s.positions_fed_target / s.target_passes,
-               "draft_forwards_per_pass": s.draft_forwards / s.target_passes}
-        cells = ["", "", ""]
+               "draft_forwards_per_pass": s.draft_forwards / s.target_passes,
+               # where a pass's time went (each method's own rounds, pooled): the target's forwards, the draft's
+               # (steps, tree levels), and the rest (sampling, verification, masks, cache cuts, Python)
+               "ms_per_pass": {part: 1000 * seconds / s.target_passes for part, seconds in
+                               (("target", s.time_target), ("draft", s.time_draft),
+                                ("rest", s.time_total - s.time_target - s.time_draft))}}
+        cells = ["", "", "", ""]
         if timings is not None:
             ratio = timings.ratio(label)
             row.update(tokens_per_second=ratio.tokens_per_second, vs_plain=ratio.median, vs_plain_low=ratio.low,
                        vs_plain_high=ratio.high)
-            cells = [f"{ratio.tokens_per_second:.1f}", f"{ratio.median:.2f}× [{ratio.low:.2f}–{ratio.high:.2f}]", ""]
+            cells = [f"{ratio.tokens_per_second:.1f}", f"{ratio.median:.2f}× [{ratio.low:.2f}–{ratio.high:.2f}]", "", ""]
             if best:
                 vs = common.rate_ratio(timings, label, best)
                 row.update(vs_best_chain=vs.median, vs_best_chain_low=vs.low, vs_best_chain_high=vs.high,
                            best_chain=best)
                 cells[2] = vs.cell(unit="×")
+            if label.startswith("token tree auto") and AUTO_CHAIN in pooled:  # the same γ policy for its chain rounds
+                vs = common.rate_ratio(timings, label, AUTO_CHAIN)
+                row.update(vs_chain_auto=vs.median, vs_chain_auto_low=vs.low, vs_chain_auto_high=vs.high)
+                cells[3] = vs.cell(unit="×")
         out.append(row)
         line = (f"| {name} | {dtype} | {t:g} | {label} | {row['tokens_per_pass']:.2f} "
                 f"| {row['tokens_per_pass_vs_best_chain'] or 0:.2f}× | {row['positions_per_pass']:.1f} "
-                f"| {row['draft_forwards_per_pass']:.1f} | {' | '.join(cells)} | "
+                f"| {row['draft_forwards_per_pass']:.1f} | {_split(row, timings)} | {' | '.join(cells)} | "
                 f"{verdict if timings is not None else 'no timing'} |")
         lines.append(line)
         print(line, flush=True)
     return out
+
+
+def _split(row: dict, timings) -> str:
+    """The ms-a-pass cell (blank without timing: a --no-timing run's clock includes no warm-up)."""
+    if timings is None:
+        return ""
+    return " / ".join(f"{row['ms_per_pass'][part]:.0f}" for part in ("target", "draft", "rest"))
 
 
 if __name__ == "__main__":
