@@ -15,8 +15,10 @@ fixed `TreeShape`s), same draft, same prompts.
 Per model, dtype and temperature, the methods run interleaved per repeat and prompt (each repeat its own seed;
 with timing, the first repeat is a warm-up that is not counted). A shape is NODESxDEPTHxBRANCHxWIDTH (see
 `hfspec.TreeShape`). Reported: tokens per target pass (what a tree is for), target positions per pass (the verify
-width it costs), draft forwards per pass (a token tree's levels), tokens/s, the ratio to plain `generate`
-and to the best chain's tokens/s (medians of per-round ratios with their intervals, by the benchmarks' one ruler,
+width it costs), draft forwards per pass (a token tree's levels), where a pass's time went (the target's
+forwards, the draft's, and the rest: sampling, the walk, masks, cache cuts, Python; from each method's `SpecStats`),
+tokens/s, the ratio to plain `generate` and to the best fixed-γ chain's tokens/s (`--gammas` may add `auto`, a chain
+at γ auto, which token tree auto's row is then also paired with: the same γ policy for its chain rounds) (medians of per-round ratios with their intervals, by the benchmarks' one ruler,
 `common.timed_rounds`) and, always, tokens per pass against the best chain's. --no-timing runs no clock at all. A markdown
 table goes to stdout and, with --out, to OUT.md beside OUT.json.
 """
