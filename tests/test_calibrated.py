@@ -367,6 +367,34 @@ def test_calibration_samples_are_seeded(micro):
     assert torch.equal(before, torch.random.get_rng_state()), "calibration must not move the user's RNG"
 
 
+def _masked_softmax(model, ids, eos):
+    logits = model(torch.tensor([ids])).logits[0, -1].float()
+    logits[eos] = float("-inf")  # min_new_tokens: EOS cannot end the text early
+    return torch.softmax(logits, -1)
+
+
+def test_calibration_text_is_drawn_from_the_models_own_law(monkeypatch):
+    """`self_samples` draws each token from the model's softmax (Gumbel-max on its own generator): chi-square of the
+    first two tokens of many texts against the law enumerated from forwards. Control: the same draw with half the
+    Gumbel noise (temperature 0.5 instead of 1) must fail."""
+    from hfspec.quant import selftext
+
+    vocab, n = 8, 6000
+    model = build("llama", vocab=vocab, init=0.5)
+    with torch.no_grad():
+        first = _masked_softmax(model, [0], 1)
+        law = {(a, b): float(first[a] * p) for a in range(vocab)
+               for b, p in enumerate(_masked_softmax(model, [0, a], 1))}
+    assert laws.p_value(self_samples(model, n, 2, seed=7)[:, 1:], law, vocab, 2) > 1e-3
+
+    class HalfNoise(selftext.GumbelMax):
+        def __call__(self, input_ids, scores):
+            return (super().__call__(input_ids, scores) + scores.float()) / 2  # scores + g / 2: T = 0.5
+
+    monkeypatch.setattr(selftext, "GumbelMax", HalfNoise)
+    assert laws.p_value(self_samples(model, n, 2, seed=7)[:, 1:], law, vocab, 2) < 1e-6
+
+
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_shared_input_hessians_equal_per_matrix_sums(arch):
     """q/k/v (and gate/up) share one product per input; each matrix still gets exactly its own inputs' Σ x xᵀ."""

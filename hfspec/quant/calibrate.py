@@ -27,11 +27,15 @@ from hfspec.quant import gptq, groupwise, refit
 from hfspec.quant.capture import TextInputs
 from hfspec.quant.capture import gram as _gram
 from hfspec.quant.known_layers import Conv1D
+from hfspec.quant.selftext import GumbelMax, bos_id, self_samples  # noqa: F401  (their old home)
 
 HESSIAN_BYTES = 1 << 30  # Hessians held before their layers are quantised (more layers: fewer, larger GPTQ sweeps)
 CAPTURE_BYTES = 4 << 30  # the inputs captured while the text is written, unless the caller gives its own budget
 BATCH_ELEMENTS = 64 << 20  # weights per batched GPTQ sweep (bounds the fp32 scratch to a few hundred MB)
 PROGRESS_EVERY = 2.0  # seconds between progress messages
+# how the calibration text is drawn (`self_samples`), part of the cache key: the same seed under another sampler is
+# another text, so other codes ("gumbel" since 7 December 2026; before it generate's own draw, a key without it)
+TEXT_SAMPLER = "gumbel"
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,7 @@ class Calibration:
 
     def key(self) -> str:
         return (f"s{self.sequences}-t{self.tokens}-seed{self.seed}-d{self.damp:g}-c{','.join(f'{x:g}' for x in self.shrink)}"
-                f"-a{int(self.act_order)}-q{int(self.sequential)}-r{self.refits}")
+                f"-a{int(self.act_order)}-q{int(self.sequential)}-r{self.refits}-{TEXT_SAMPLER}")
 
 
 @dataclass
@@ -98,30 +102,6 @@ def calibration_matrices(model: nn.Module) -> dict[str, nn.Module]:
     """The plain Linear / Conv1D modules of `model` by name (what a quantised draft's matmuls read)."""
     return {name: m for name, m in model.named_modules()
             if (type(m) is nn.Linear or isinstance(m, Conv1D)) and m.weight.dim() == 2}
-
-
-def bos_id(model: nn.Module) -> int:
-    for config in (getattr(model, "generation_config", None), model.config):
-        token = getattr(config, "bos_token_id", None) if config is not None else None
-        if isinstance(token, list | tuple):
-            token = token[0] if token else None
-        if token is not None:
-            return int(token)
-    return 0
-
-
-@torch.no_grad()
-def self_samples(model: nn.Module, sequences: int, tokens: int, seed: int) -> torch.Tensor:
-    """[sequences, 1 + tokens]: texts the model writes from its BOS at temperature 1 (full length, seeded)."""
-    device = next(model.parameters()).device
-    start = torch.full((sequences, 1), bos_id(model), dtype=torch.long, device=device)
-    state = torch.random.get_rng_state()
-    try:
-        torch.manual_seed(seed)
-        return model.generate(start, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=tokens,
-                              min_new_tokens=tokens, pad_token_id=bos_id(model), attention_mask=torch.ones_like(start))
-    finally:
-        torch.random.set_rng_state(state)
 
 
 @torch.no_grad()
