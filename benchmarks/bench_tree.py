@@ -17,9 +17,10 @@ with timing, the first repeat is a warm-up that is not counted). A shape is NODE
 `hfspec.TreeShape`). Reported: tokens per target pass (what a tree is for), target positions per pass (the verify
 width it costs), draft forwards per pass (a token tree's levels), where a pass's time went (the target's
 forwards, the draft's, and the rest: sampling, the walk, masks, cache cuts, Python; from each method's `SpecStats`),
-tokens/s, the ratio to plain `generate` and to the best fixed-γ chain's tokens/s (`--gammas` may add `auto`, a chain
-at γ auto, which token tree auto's row is then also paired with: the same γ policy for its chain rounds) (medians of per-round ratios with their intervals, by the benchmarks' one ruler,
-`common.timed_rounds`) and, always, tokens per pass against the best chain's. --no-timing runs no clock at all. A markdown
+tokens/s, and the ratios to plain `generate` and to the best fixed-γ chain's tokens/s: medians of per-round ratios
+with their intervals, by the benchmarks' one ruler, `common.timed_rounds`. `--gammas` may add `auto`, a chain at
+γ auto, which token tree auto's row is then also paired with (the same γ policy for its chain rounds). Tokens per
+pass are always given against the best chain's. --no-timing runs no clock at all. A markdown
 table goes to stdout and, with --out, to OUT.md beside OUT.json.
 """
 

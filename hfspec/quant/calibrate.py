@@ -27,7 +27,7 @@ from hfspec.quant import gptq, groupwise, refit
 from hfspec.quant.capture import TextInputs
 from hfspec.quant.capture import gram as _gram
 from hfspec.quant.known_layers import Conv1D
-from hfspec.quant.selftext import GumbelMax, bos_id, self_samples  # noqa: F401  (their old home)
+from hfspec.quant.selftext import bos_id, self_samples  # noqa: F401  (bos_id: its old home, for importers)
 
 HESSIAN_BYTES = 1 << 30  # Hessians held before their layers are quantised (more layers: fewer, larger GPTQ sweeps)
 CAPTURE_BYTES = 4 << 30  # the inputs captured while the text is written, unless the caller gives its own budget

@@ -43,5 +43,4 @@ class GumbelMax(LogitsProcessor):
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         u = torch.rand(scores.shape, generator=self.generator, device=scores.device, dtype=torch.float32)
-        gumbel = u.clamp_(min=torch.finfo(torch.float32).tiny).log_().neg_().log_().neg_()
-        return scores.float() + gumbel
+        return u.clamp_(min=torch.finfo(torch.float32).tiny).log_().neg_().log_().neg_().add_(scores)  # + Gumbel
