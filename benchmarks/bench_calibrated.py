@@ -6,6 +6,9 @@ samples itself (a fresh seed, not the calibration text). Build time (calibration
 the cached build time are reported too. α is timing-free: this script can run on a busy machine.
 
     python benchmarks/bench_calibrated.py --models smollm2-offgrid --drafts rtn4,gptq4 --out results/calibrated
+
+A draft written `gptq4@256x32` is calibrated on 256 texts of 32 tokens instead of the default
+(`hfspec.quant.calibrate.Calibration`); `--held-out 16x128` measures the overlap on more text than 4 × 128.
 """
 
 from __future__ import annotations
@@ -54,28 +57,37 @@ def main() -> None:
     p.add_argument("--drafts", default="rtn4,gptq4")
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--held-out", default="4x128", help="SEQUENCESxTOKENS the overlap is measured on")
     p.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     from hfspec.drafts import make_draft
+    from hfspec.quant.calibrate import Calibration
+
+    held_sequences, held_tokens = (int(x) for x in args.held_out.lower().split("x"))
 
     lines = [f"γ {args.gamma}, {len(PROMPTS)} prompts × {args.max_new_tokens} tokens, {args.dtype}; overlap: mean "
-             "Σ min(p, q) at T = 1 on 4 × 128 tokens the target samples itself", "",
+             f"Σ min(p, q) at T = 1 on {held_sequences} × {held_tokens} tokens the target samples itself", "",
              "| target | draft | build s (first / cached) | greedy α | tok/pass | T=1 α | tok/pass | Σ min(p,q) | "
              "1 − Σ min |", "|---|---|---|---|---|---|---|---|---|"]
     rows = []
     for name, path in common.model_folders(args).items():
         target, tok = common.load(path, args.dtype)
-        for spec in args.drafts.split(","):
-            first, draft = common.once(functools.partial(make_draft, target, spec))
-            again, draft = common.once(functools.partial(make_draft, target, spec))
+        for entry in args.drafts.split(","):
+            spec, _, text = entry.partition("@")
+            options = {}
+            if text:
+                sequences, tokens = (int(x) for x in text.lower().split("x"))
+                options["calibration"] = Calibration(sequences=sequences, tokens=tokens)
+            first, draft = common.once(functools.partial(make_draft, target, spec, **options))
+            again, draft = common.once(functools.partial(make_draft, target, spec, **options))
             greedy = acceptance(target, tok, draft, args.gamma, 0.0, args.max_new_tokens, args.seed)
             sampled = acceptance(target, tok, draft, args.gamma, 1.0, args.max_new_tokens, args.seed)
-            ov = overlap(target, draft, args.seed + 1000)
-            row = {"target": name, "draft": spec, "build_s": first, "cached_build_s": again,
+            ov = overlap(target, draft, args.seed + 1000, held_sequences, held_tokens)
+            row = {"target": name, "draft": entry, "build_s": first, "cached_build_s": again,
                    "greedy": greedy, "t1": sampled, "overlap": ov}
             rows.append(row)
-            lines.append(f"| {name} | {spec} | {first:.1f} / {again:.1f} | {greedy['alpha']:.3f} | "
+            lines.append(f"| {name} | {entry} | {first:.1f} / {again:.1f} | {greedy['alpha']:.3f} | "
                          f"{greedy['tokens_per_pass']:.2f} | {sampled['alpha']:.3f} | {sampled['tokens_per_pass']:.2f} "
                          f"| {ov:.4f} | {1 - ov:.4f} |")
             print(lines[-1], flush=True)

@@ -31,7 +31,7 @@ import bench_scale  # noqa: E402
 import common  # noqa: E402
 
 from hfspec.drafts import calibrated, make_draft  # noqa: E402
-from hfspec.quant.calibrate import Calibration  # noqa: E402
+from hfspec.quant.calibrate import Calibration, default_calibration  # noqa: E402
 
 SHAPE_PREFIX = "shape:"
 
@@ -80,8 +80,10 @@ def main() -> None:
     p.add_argument("--cases", default="smollm2-offgrid,shape:smollm2-1.7b",
                    help="model names (as in the other benchmarks) or shape:NAME (random weights)")
     p.add_argument("--spec", default="gptq4")
-    p.add_argument("--sequences", type=int, default=Calibration.sequences,
-                   help=f"self-sampled calibration sequences (default {Calibration.sequences})")
+    p.add_argument("--sequences", type=int, default=None,
+                   help="self-sampled calibration sequences (default: hfspec's for the target, default_calibration)")
+    p.add_argument("--tokens", type=int, default=None,
+                   help="tokens of each calibration sequence (default: hfspec's for the target)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--heap", choices=("kept", "default"), default="kept",
                    help="kept: calibrate inside hfspec.io.memory.kept_heap as hfspec does; default: glibc's own rules "
@@ -93,16 +95,17 @@ def main() -> None:
         calibrated.memory.kept_heap = contextlib.nullcontext  # (this process only: the comparison's arm)
     models = {name: path for name, path in common.PAIRS.items() if (path / "config.json").exists()}
     lines = [f"{common.machine_name()}, {args.threads} threads, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, "
-             f"draft {args.spec}, {args.sequences} × {Calibration.tokens} calibration tokens, heap {args.heap}, load at start {os.getloadavg()[0]:.1f}", "",
-             "| target | parameters | first build s | sampled at s | quantised at s | cached build s | peak RSS GiB |",
-             "|---|---|---|---|---|---|---|"]
+             f"draft {args.spec}, calibration text {args.sequences or 'default'} × {args.tokens or 'default'}, heap {args.heap}, load at start {os.getloadavg()[0]:.1f}", "",
+             "| target | parameters | text | first build s | sampled at s | quantised at s | cached build s | peak RSS GiB |",
+             "|---|---|---|---|---|---|---|---|"]
     rows = []
     for case in args.cases.split(","):
         bench_scale._reset_peak()
         target = target_of(case, models)
         params = sum(t.numel() for t in target.parameters())
         with tempfile.TemporaryDirectory(prefix="hfspec-calib-") as folder:
-            settings = Calibration(sequences=args.sequences)
+            settings = default_calibration(target)
+            settings = Calibration(sequences=args.sequences or settings.sequences, tokens=args.tokens or settings.tokens)
             first, messages, draft = build(target, args.spec, Path(folder), settings)
             del draft
             again, _, draft = build(target, args.spec, Path(folder), settings)
@@ -113,7 +116,7 @@ def main() -> None:
                "messages": [f"{at:.1f}s {m}" for at, m in messages]}
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "messages"}), flush=True)
-        lines.append(f"| {case} | {params / 1e6:.0f}M | {first:.0f} | {ph.get('sampled_s', float('nan')):.0f} | "
+        lines.append(f"| {case} | {params / 1e6:.0f}M | {settings.sequences} × {settings.tokens} | {first:.0f} | {ph.get('sampled_s', float('nan')):.0f} | "
                      f"{ph.get('quantised_s', float('nan')):.0f} | {again:.1f} | {peak:.1f} |")
         del target
     print("\n".join(lines))

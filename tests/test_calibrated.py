@@ -374,9 +374,9 @@ def _masked_softmax(model, ids, eos):
 
 
 def test_calibration_text_is_drawn_from_the_models_own_law(monkeypatch):
-    """`self_samples` draws each token from the model's softmax (Gumbel-max on its own generator): chi-square of the
-    first two tokens of many texts against the law enumerated from forwards. Control: the same draw with half the
-    Gumbel noise (temperature 0.5 instead of 1) must fail."""
+    """`self_samples` draws each token from the model's softmax (inverse CDF on its own generator): chi-square of the
+    first two tokens of many texts against the law enumerated from forwards. Control: the same draw at temperature
+    0.5 instead of 1 must fail."""
     from hfspec.quant import selftext
 
     vocab, n = 8, 6000
@@ -387,11 +387,11 @@ def test_calibration_text_is_drawn_from_the_models_own_law(monkeypatch):
                for b, p in enumerate(_masked_softmax(model, [0, a], 1))}
     assert laws.p_value(self_samples(model, n, 2, seed=7)[:, 1:], law, vocab, 2) > 1e-3
 
-    class HalfNoise(selftext.GumbelMax):
+    class Colder(selftext.InverseCdf):
         def __call__(self, input_ids, scores):
-            return (super().__call__(input_ids, scores) + scores.float()) / 2  # scores + g / 2: T = 0.5
+            return super().__call__(input_ids, scores.float() * 2)  # T = 0.5
 
-    monkeypatch.setattr(selftext, "GumbelMax", HalfNoise)
+    monkeypatch.setattr(selftext, "InverseCdf", Colder)
     assert laws.p_value(self_samples(model, n, 2, seed=7)[:, 1:], law, vocab, 2) < 1e-6
 
 
@@ -565,3 +565,23 @@ def test_calibration_runs_on_prepacked_weights_and_gives_the_target_back(micro, 
     with pytest.raises(RuntimeError, match="stopped"):
         make_draft(micro, "gptq4", calibration=Calibration(sequences=16, tokens=64, seed=4))
     assert fast_linear.prepacked_bytes(micro) == 0
+
+
+def test_default_calibration_doubles_the_text_for_small_targets(monkeypatch, tmp_path):
+    """A target of at most SMALL_TARGET parameters is calibrated on 256 × 32 tokens, a larger one on Calibration()'s
+    128 × 32; a draft built without `calibration` is cached under the default its target gets."""
+    model = build("llama")
+    assert calibrate.default_calibration(model) == Calibration(sequences=calibrate.SMALL_TEXT_SEQUENCES)
+    monkeypatch.setattr(calibrate, "SMALL_TARGET", 10)
+    assert calibrate.default_calibration(model) == Calibration()
+    seen = []
+    real = calibrate.calibrate
+
+    def watched(model, bits, group_size, settings=None, *args, **kwargs):
+        seen.append(settings)
+        return real(model, bits, group_size, Calibration(sequences=2, tokens=4), *args, **kwargs)
+
+    monkeypatch.setattr(calibrated, "calibrate", watched)
+    calibrated.calibrated_codes(model, 4, 32, folder=tmp_path)
+    assert seen == [Calibration()]
+    assert (calibrated.cache_path(model, 4, 32, Calibration(), tmp_path)).exists()

@@ -32,7 +32,14 @@ from hfspec.drafts.rtn import GroupSpecs, make_rtn_draft
 from hfspec.errors import HfspecError
 from hfspec.io import memory
 from hfspec.kernels import fast_linear
-from hfspec.quant.calibrate import CAPTURE_BYTES, Calibration, Coded, calibrate, calibration_matrices
+from hfspec.quant.calibrate import (
+    CAPTURE_BYTES,
+    Calibration,
+    Coded,
+    calibrate,
+    calibration_matrices,
+    default_calibration,
+)
 from hfspec.quant.packing import pack_rows, unpack_rows
 
 GPTQ_BITS = (2, 8)
@@ -82,7 +89,7 @@ def calibrated_codes(model: nn.Module, bits: int, group_size: int, settings: Cal
     """GPTQ codes of every matrix of `model` by module name, from the cache or calibrated now (and cached);
     also says where they came from ("cache: PATH", "calibrated in N s, cached: PATH" or "... not cached: why")."""
     say = progress or (lambda message: None)
-    settings = settings or Calibration()
+    settings = settings or default_calibration(model)
     path = cache_path(model, bits, group_size, settings, folder)
     names = list(calibration_matrices(model))
     if path.exists():

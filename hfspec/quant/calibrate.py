@@ -34,22 +34,24 @@ CAPTURE_BYTES = 4 << 30  # the inputs captured while the text is written, unless
 BATCH_ELEMENTS = 64 << 20  # weights per batched GPTQ sweep (bounds the fp32 scratch to a few hundred MB)
 PROGRESS_EVERY = 2.0  # seconds between progress messages
 # how the calibration text is drawn (`self_samples`), part of the cache key: the same seed under another sampler is
-# another text, so other codes ("gumbel" since 7 December 2026; before it generate's own draw, a key without it)
-TEXT_SAMPLER = "gumbel"
+# another text, so other codes ("inverse-cdf" since 8 December 2026; "gumbel" from 7 December; before it generate's
+# own draw, a key without it)
+TEXT_SAMPLER = "inverse-cdf"
 
 
 @dataclass(frozen=True)
 class Calibration:
     """How a calibrated draft is made: `sequences` self-sampled texts of `tokens` tokens (seed `seed`; on SmolLM2-135M
-    off the grid, held-out overlap Σ min(p, q) with the same 4096 tokens: 64 × 64 0.834, 128 × 32 0.846 (but
-    fewer accepted on the benchmark's prompts: docs/drafts.md), 256 × 16 0.838; twice the text, 128 × 64 0.848), GPTQ
+    off the grid, held-out overlap Σ min(p, q) on 16 × 128 tokens, three text seeds each (docs/drafts.md): 64 × 64
+    0.829-0.833, 128 × 32 0.831-0.833 written in four fifths of the time, 256 × 16 0.829-0.830; twice the text,
+    256 × 32 0.840-0.841 and 128 × 64 0.838, for 15-20 s more at 135M), GPTQ
     with `damp`, the clipping search `shrink` and act-order (`gptq.gptq_quantize`); `sequential`: Hessians of
     each layer taken on the outputs of the already quantised layers below it (on SmolLM2-135M off the grid:
     overlap Σ min(p, q) 0.826 -> 0.829 for 40 % more time, so off by default). All of it is part of the cache
     key: other settings make other codes."""
 
-    sequences: int = 64
-    tokens: int = 64
+    sequences: int = 128
+    tokens: int = 32
     seed: int = 0
     damp: float = gptq.DAMP
     shrink: tuple[float, ...] = gptq.SHRINK
@@ -60,6 +62,22 @@ class Calibration:
     def key(self) -> str:
         return (f"s{self.sequences}-t{self.tokens}-seed{self.seed}-d{self.damp:g}-c{','.join(f'{x:g}' for x in self.shrink)}"
                 f"-a{int(self.act_order)}-q{int(self.sequential)}-r{self.refits}-{TEXT_SAMPLER}")
+
+
+SMALL_TARGET = 200_000_000  # parameters up to which `default_calibration` writes SMALL_TEXT_SEQUENCES texts
+
+
+SMALL_TEXT_SEQUENCES = 256
+
+
+def default_calibration(model: nn.Module) -> Calibration:
+    """The calibration a draft of `model` gets unless the caller gives one: `Calibration()` (128 × 32 tokens), or for a
+    target of at most SMALL_TARGET parameters twice the text (256 × 32), which closes more of the gap and still
+    calibrates in about a minute. On SmolLM2-135M off the grid (8 December 2026, AVX2 EPYC, 2 cores;
+    docs/drafts.md): Σ min(p, q) 0.847 against 0.854, rtn4's gap closed 48 % against 50 %, first build 47 s against
+    59-63 s. At the 1.7B shape the text and its Hessians are most of a 15-minute calibration, so it keeps 4096."""
+    parameters = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    return Calibration(sequences=SMALL_TEXT_SEQUENCES) if parameters <= SMALL_TARGET else Calibration()
 
 
 @dataclass
@@ -128,7 +146,7 @@ def calibrate(model: nn.Module, bits: int, group_size: int, settings: Calibratio
     (`capture.TextInputs`, up to `capture_bytes`; then `after_text()` runs, no forward being left), or, over that
     budget or with `settings.sequential`, taken by forwards over the text after it."""
     say = progress or (lambda message: None)
-    settings = settings or Calibration()
+    settings = settings or default_calibration(model)
     began = time.perf_counter()
     names = list(calibration_matrices(model)) if names is None else list(names)
     owner: dict[int, str] = {}

@@ -23,6 +23,7 @@ from hfspec.quant.refit import DAMP, refit_grid  # noqa: F401  (refit_grid: its 
 BLOCK = 32  # columns whose errors are propagated lazily as one matrix product (the paper's "lazy batch")
 OUTER = 256  # ... and blocks whose errors reach the columns beyond them as one product (long inner dimension)
 SHRINK = (1.0, 0.95, 0.9, 0.85, 0.8)  # candidate shrinks of a group's [min, max] range (the least squared error wins)
+GRID_ROWS = 65536  # groups whose grids `group_grid` chooses at once
 
 
 def hessian_update(h: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
@@ -34,7 +35,16 @@ def hessian_update(h: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
 
 def group_grid(w: torch.Tensor, bits: int, shrink: tuple[float, ...] = SHRINK) -> tuple[torch.Tensor, torch.Tensor]:
     """(scale, zero) fp16 [N] for a group of columns w [N, g]: RTN's min/max grid, or a shrunk range when that
-    rounds the group with less squared error (outliers clipped; the format is the same)."""
+    rounds the group with less squared error (outliers clipped; the format is the same). Rows are taken
+    GRID_ROWS at a time, so that the candidates' passes over them stay in the CPU's cache (the same values; at
+    SmolLM2-135M's 60 gate/up matrices 0.72 s instead of 1.60 on two cores)."""
+    if w.shape[0] > GRID_ROWS:
+        parts = [_group_grid(w[i:i + GRID_ROWS], bits, shrink) for i in range(0, w.shape[0], GRID_ROWS)]
+        return torch.cat([s for s, _ in parts]), torch.cat([z for _, z in parts])
+    return _group_grid(w, bits, shrink)
+
+
+def _group_grid(w: torch.Tensor, bits: int, shrink: tuple[float, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     lo, hi = w.amin(dim=1), w.amax(dim=1)
     best_scale, best_zero, best_err = None, None, None
     top = 2**bits - 1
@@ -152,11 +162,11 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int, group_size: int, 
         padded = torch.cat([w, w[:, :, -1:].expand(-1, -1, pad)], dim=2) if pad else w
         scale, zero = group_grid(padded.reshape(-1, group_size), bits, shrink)
         scales[:], zeros[:] = scale.view(batch, n, groups), zero.view(batch, n, groups)
-    if static:
-        col_group = (perm // group_size)[:, :, None].expand(batch, k, n)  # [B, K, N]
-        sp = torch.gather(scales.float().transpose(1, 2), 1, col_group)
-        zp = torch.gather(zeros.float().transpose(1, 2), 1, col_group)
-        safe = torch.where(sp > 0, sp, torch.ones_like(sp))
+    if static:  # each column's grid is picked from its group's when the sweep reaches it ([B, N] a column, not [B, K, N])
+        col_group = perm // group_size  # [B, K]
+        scales_t = scales.float().transpose(1, 2).contiguous()  # [B, G, N]
+        zeros_t = zeros.float().transpose(1, 2).contiguous()
+        rows = torch.arange(batch)
     block = max(group_size, BLOCK // group_size * group_size)  # blocks hold whole groups
     outer = max(block, OUTER // block * block)
     codes = torch.empty(batch, k, n, dtype=torch.uint8)
@@ -171,7 +181,8 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int, group_size: int, 
             for i in range(b1 - b0):
                 j = b0 + i
                 if static:
-                    s, z, inv = sp[:, j], zp[:, j], safe[:, j]
+                    s, z = scales_t[rows, col_group[:, j]], zeros_t[rows, col_group[:, j]]
+                    inv = torch.where(s > 0, s, 1.0)
                 elif j % group_size == 0:  # a new group: its grid from its columns as they are now
                     cols = _compensated(original, wt, a, j, min(k, j + group_size)).transpose(1, 2).reshape(batch * n, -1)
                     scale, zero = group_grid(cols, bits, shrink)
