@@ -585,3 +585,22 @@ def test_default_calibration_doubles_the_text_for_small_targets(monkeypatch, tmp
     calibrated.calibrated_codes(model, 4, 32, folder=tmp_path)
     assert seen == [Calibration()]
     assert (calibrated.cache_path(model, 4, 32, Calibration(), tmp_path)).exists()
+
+
+def test_calibration_text_ignores_the_models_generation_settings(micro):
+    """A repetition penalty or n-gram ban in the model's generation config (Qwen2.5's carries one) would change the
+    text `generate` writes; the calibration text is the model's own law whatever the config says, and the config is
+    given back. Control: the same settings do change a plain generate's text."""
+    plain = self_samples(micro, 2, 24, seed=3)
+    config = micro.generation_config
+    start = torch.full((2, 1), 1)
+    before = micro.generate(start, do_sample=False, max_new_tokens=24, min_new_tokens=24, pad_token_id=1)
+    saved = config.repetition_penalty, config.no_repeat_ngram_size
+    try:
+        config.repetition_penalty, config.no_repeat_ngram_size = 5.0, 1
+        assert torch.equal(self_samples(micro, 2, 24, seed=3), plain)
+        assert micro.generation_config is config
+        after = micro.generate(start, do_sample=False, max_new_tokens=24, min_new_tokens=24, pad_token_id=1)
+        assert not torch.equal(before, after), "control: the settings change what generate writes"
+    finally:
+        config.repetition_penalty, config.no_repeat_ngram_size = saved

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import LogitsProcessor, LogitsProcessorList
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 
 def bos_id(model: nn.Module) -> int:
@@ -36,11 +36,18 @@ def self_samples(model: nn.Module, sequences: int, tokens: int, seed: int) -> to
     `generate(do_sample=True)`: its CPU draw (`exponential_` over every score) took 94 ms a step over SmolLM2's 49k
     tokens × 64 texts, a fifth of writing the calibration text, and `min_new_tokens`' two EOS masks took 30 ms more."""
     device = next(model.parameters()).device
-    start = torch.full((sequences, 1), bos_id(model), dtype=torch.long, device=device)
+    bos, eos = bos_id(model), eos_ids(model)
+    start = torch.full((sequences, 1), bos, dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(int(seed))
-    return model.generate(start, do_sample=False, logits_processor=LogitsProcessorList([InverseCdf(generator,
-                          eos_ids(model))]), max_new_tokens=tokens, pad_token_id=bos_id(model),
-                          attention_mask=torch.ones_like(start))
+    # The model's own generation config may carry a repetition penalty, n-gram bans, sampling settings...: generate
+    # would apply them (it fills what the call leaves unset from it), and the text would not be the model's law.
+    saved = getattr(model, "generation_config", None)
+    model.generation_config = GenerationConfig(bos_token_id=bos, eos_token_id=eos or None, pad_token_id=bos)
+    try:
+        return model.generate(start, do_sample=False, logits_processor=LogitsProcessorList([InverseCdf(generator, eos)]),
+                              max_new_tokens=tokens, attention_mask=torch.ones_like(start))
+    finally:
+        model.generation_config = saved
 
 
 BLOCK = 1024  # scores a block of the two-level inverse CDF (a block's sum, then the running sum inside one block)
