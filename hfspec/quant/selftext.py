@@ -41,8 +41,10 @@ def self_samples(model: nn.Module, sequences: int, tokens: int, seed: int) -> to
     generator = torch.Generator(device=device).manual_seed(int(seed))
     # The model's own generation config may carry a repetition penalty, n-gram bans, sampling settings...: generate
     # would apply them (it fills what the call leaves unset from it), and the text would not be the model's law.
+    # (Only the kind of KV cache it names is kept: Gemma's sliding-window layers need theirs.)
     saved = getattr(model, "generation_config", None)
-    model.generation_config = GenerationConfig(bos_token_id=bos, eos_token_id=eos or None, pad_token_id=bos)
+    model.generation_config = GenerationConfig(bos_token_id=bos, eos_token_id=eos or None, pad_token_id=bos,
+                                               cache_implementation=getattr(saved, "cache_implementation", None))
     try:
         return model.generate(start, do_sample=False, logits_processor=LogitsProcessorList([InverseCdf(generator, eos)]),
                               max_new_tokens=tokens, attention_mask=torch.ones_like(start))
