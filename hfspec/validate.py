@@ -158,6 +158,16 @@ def vocab_size(model) -> int:
     return int(model.config.vocab_size)
 
 
+def eos_ids(model) -> list[int]:
+    """The token ids that end a text: the generation config's `eos_token_id`, else the model config's ([] if none)."""
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = getattr(model.config, "eos_token_id", None)
+    if eos is None:
+        return []
+    return [int(e) for e in (eos if isinstance(eos, list | tuple) else [eos])]
+
+
 def check_pair(target, draft) -> int | None:
     """Draft and target must share token ids. Returns the draft's usable vocabulary width (None: all of it).
 

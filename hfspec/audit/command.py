@@ -41,7 +41,7 @@ from hfspec.dtypes import dtype_str
 from hfspec.errors import HfspecError
 from hfspec.io.loading import parse_device, parse_dtype
 from hfspec.session import RunSettings, Session
-from hfspec.validate import check_count, check_gamma, check_sampling, check_seed, vocab_size
+from hfspec.validate import check_count, check_gamma, check_sampling, check_seed, eos_ids, vocab_size
 
 DEFAULT_PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time,",
                    "The most important thing to know about")
@@ -197,7 +197,7 @@ def sampling_tests(target, draft, contexts: list[tuple[list[int], int]], setting
     AUTO_SAMPLES whose predicted control power reaches AUTO_POWER (the most when none does), chosen from the
     exact laws before any sample is drawn."""
     vocab = _vocab(target)
-    eos = _eos_ids(target)
+    eos = eos_ids(target)
     context = choose_context(target, draft, contexts, setting, samples or AUTO_SAMPLES[1], eos)
     p1 = plain_law(target, torch.tensor([context]), setting)[0]
     most = samples or AUTO_SAMPLES[-1]
@@ -316,15 +316,6 @@ def _ids(prompt, tokenizer) -> list[int]:
 
 def _vocab(model) -> int:
     return vocab_size(model)
-
-
-def _eos_ids(model) -> list[int]:
-    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if eos is None:
-        eos = getattr(model.config, "eos_token_id", None)
-    if eos is None:
-        return []
-    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
 
 
 def run_command(args, progress=None) -> int:

@@ -7,6 +7,8 @@ import torch
 from torch import nn
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
+from hfspec.validate import eos_ids
+
 
 def bos_id(model: nn.Module) -> int:
     for config in (getattr(model, "generation_config", None), model.config):
@@ -16,15 +18,6 @@ def bos_id(model: nn.Module) -> int:
         if token is not None:
             return int(token)
     return 0
-
-
-def eos_ids(model: nn.Module) -> list[int]:
-    """The token ids that would end a text (the generation config's, else the model config's)."""
-    for config in (getattr(model, "generation_config", None), model.config):
-        token = getattr(config, "eos_token_id", None) if config is not None else None
-        if token is not None:
-            return [int(t) for t in (token if isinstance(token, list | tuple) else [token])]
-    return []
 
 
 @torch.no_grad()
